@@ -1,0 +1,151 @@
+"""The chip store: per-tile shards of uint8 chips plus one manifest.csv.
+
+Layout of a store ``CHIPS/``::
+
+    CHIPS/manifest.csv            one row per building (see MANIFEST_COLUMNS)
+    CHIPS/store.json              chip spec, source and per-class/per-event counts
+    CHIPS/shards/<tile>_pre.npy   uint8 [n, chip_size, chip_size, 3], row i = manifest index i
+    CHIPS/shards/<tile>_post.npy  the same buildings cut from the post image
+
+Shards are plain NumPy arrays: lossless, no decode on read, and memory-mappable, so a training
+loader touches only the chips it draws. Every file is written under a temporary name and renamed
+into place; the manifest is written last, so an interrupted run never leaves a manifest that points
+at missing or partial shards.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+MANIFEST = "manifest.csv"
+STORE_META = "store.json"
+SHARDS = "shards"
+
+MANIFEST_COLUMNS: tuple[str, ...] = (
+    "chip_id",  # unique: <tile>:<uid or running number>
+    "event",  # disaster/event name
+    "tile",  # source tile or scene name; the unit of grouped splits
+    "uid",  # building id from the labels/footprints
+    "label",  # class id 0-3, -1 when unlabelled
+    "label_name",  # class name, empty when unlabelled
+    "bbox_minx",  # footprint bounds in pixels of the source (pre) image
+    "bbox_miny",
+    "bbox_maxx",
+    "bbox_maxy",
+    "win_col",  # chip window in pixels of the source (pre) image
+    "win_row",
+    "win_size",
+    "lon",  # geographic centroid (EPSG:4326), empty when unknown
+    "lat",
+    "pre_file",  # shard path relative to the store root
+    "post_file",
+    "index",  # row within the shards
+)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ""):
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe version of a tile or scene name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "tile"
+
+
+def write_shard(root: str | os.PathLike, name: str, pre: np.ndarray, post: np.ndarray) -> tuple[str, str]:
+    """Write one tile's chips atomically; return the (pre, post) paths relative to ``root``."""
+    if pre.shape != post.shape or pre.dtype != np.uint8 or post.dtype != np.uint8:
+        raise ValueError(f"pre/post chips must be uint8 of equal shape, got {pre.shape} {pre.dtype} and {post.shape} {post.dtype}")
+    rel = []
+    for kind, arr in (("pre", pre), ("post", post)):
+        relpath = f"{SHARDS}/{safe_name(name)}_{kind}.npy"
+        with atomic_path(Path(root) / relpath, suffix=".npy") as tmp, open(tmp, "wb") as fh:
+            np.save(fh, np.ascontiguousarray(arr))
+        rel.append(relpath)
+    return rel[0], rel[1]
+
+
+def write_json(path: str | os.PathLike, obj: object) -> None:
+    """Write JSON atomically."""
+    with atomic_path(path, suffix=".json") as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_manifest(root: str | os.PathLike, rows: Iterable[Mapping], meta: Mapping | None = None) -> Path:
+    """Write ``manifest.csv`` (and ``store.json`` when ``meta`` is given) atomically."""
+    root = Path(root)
+    if meta is not None:
+        write_json(root / STORE_META, dict(meta))
+    out = root / MANIFEST
+    with atomic_path(out, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(MANIFEST_COLUMNS), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in MANIFEST_COLUMNS})
+    return out
+
+
+def start_store(root: str | os.PathLike) -> Path:
+    """Prepare ``root`` for a new run: create it and remove a previous manifest, so that a run
+    interrupted before its end leaves no manifest pointing at shards it may have replaced."""
+    root = Path(root)
+    (root / SHARDS).mkdir(parents=True, exist_ok=True)
+    (root / MANIFEST).unlink(missing_ok=True)
+    return root
+
+
+def read_manifest(root: str | os.PathLike):
+    """The manifest as a pandas DataFrame (label as int, lon/lat as float with NaN when unknown)."""
+    import pandas as pd
+
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest; run `local-damage prepare` to create a chip store")
+    df = pd.read_csv(path, dtype={"chip_id": str, "event": str, "tile": str, "uid": str, "label_name": str}, keep_default_na=False, na_values={"lon": [""], "lat": [""]})
+    df["label"] = df["label"].astype(int)
+    return df
+
+
+def read_meta(root: str | os.PathLike) -> dict:
+    path = Path(root) / STORE_META
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class ChipReader:
+    """Random access to the chips of a store through memory-mapped shards."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self._cache: dict[str, np.ndarray] = {}
+
+    def _shard(self, rel: str) -> np.ndarray:
+        arr = self._cache.get(rel)
+        if arr is None:
+            arr = np.load(self.root / rel, mmap_mode="r")
+            self._cache[rel] = arr
+        return arr
+
+    def pair(self, row: Mapping) -> tuple[np.ndarray, np.ndarray]:
+        """The (pre, post) uint8 [S, S, 3] chips of one manifest row."""
+        i = int(row["index"])
+        return np.asarray(self._shard(row["pre_file"])[i]), np.asarray(self._shard(row["post_file"])[i])

@@ -1,0 +1,92 @@
+"""Window arithmetic for chips: pure functions on pixel coordinates, no I/O."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from data_prep.spec import ChipSpec
+
+
+class ChipWindow(NamedTuple):
+    """An integer square window in pixel coordinates (may extend beyond the image)."""
+
+    col_off: int
+    row_off: int
+    size: int
+
+
+def chip_window(
+    centroid: tuple[float, float], bbox: tuple[float, float, float, float], spec: ChipSpec
+) -> ChipWindow:
+    """The square window for one building.
+
+    Args:
+        centroid: (x, y) footprint centroid in pixel coordinates (x = column, y = row).
+        bbox: (minx, miny, maxx, maxy) footprint bounds in pixel coordinates.
+        spec: the chip specification.
+
+    Returns:
+        A window of side ``ceil(max(min_size, context * longest side))`` whose centre is within
+        half a pixel of the centroid.
+    """
+    minx, miny, maxx, maxy = bbox
+    longest = max(maxx - minx, maxy - miny, 0.0)
+    size = max(int(spec.min_size), int(math.ceil(spec.context * longest)), 1)
+    cx, cy = centroid
+    col_off = int(math.floor(cx - size / 2.0 + 0.5))
+    row_off = int(math.floor(cy - size / 2.0 + 0.5))
+    return ChipWindow(col_off, row_off, size)
+
+
+def window_overlap(window: ChipWindow, height: int, width: int) -> tuple[slice, slice, slice, slice]:
+    """Where a window meets an image of ``height`` x ``width``.
+
+    Returns ``(src_rows, src_cols, dst_rows, dst_cols)`` slices: ``image[src_rows, src_cols]``
+    goes to ``chip[dst_rows, dst_cols]`` of a ``size`` x ``size`` chip. The slices are empty when
+    the window misses the image.
+    """
+    r0 = max(window.row_off, 0)
+    c0 = max(window.col_off, 0)
+    r1 = min(window.row_off + window.size, height)
+    c1 = min(window.col_off + window.size, width)
+    if r1 <= r0 or c1 <= c0:
+        empty = slice(0, 0)
+        return empty, empty, empty, empty
+    return (
+        slice(r0, r1),
+        slice(c0, c1),
+        slice(r0 - window.row_off, r1 - window.row_off),
+        slice(c0 - window.col_off, c1 - window.col_off),
+    )
+
+
+def crop_boundless(image: np.ndarray, window: ChipWindow, fill: int = 0) -> np.ndarray:
+    """Cut ``window`` from an [H, W, C] image, filling with ``fill`` beyond its edges."""
+    height, width = image.shape[:2]
+    out = np.full((window.size, window.size, *image.shape[2:]), fill, dtype=image.dtype)
+    src_r, src_c, dst_r, dst_c = window_overlap(window, height, width)
+    out[dst_r, dst_c] = image[src_r, src_c]
+    return out
+
+
+def resize_chip(chip: np.ndarray, chip_size: int) -> np.ndarray:
+    """Resample an [S, S, C] uint8 chip to ``chip_size`` x ``chip_size``.
+
+    Area averaging when shrinking (no aliasing), bilinear when enlarging.
+    """
+    import cv2
+
+    if chip.shape[0] == chip_size and chip.shape[1] == chip_size:
+        return np.ascontiguousarray(chip)
+    interp = cv2.INTER_AREA if chip.shape[0] > chip_size else cv2.INTER_LINEAR
+    return cv2.resize(chip, (chip_size, chip_size), interpolation=interp)
+
+
+def covered_fraction(window: ChipWindow, height: int, width: int) -> float:
+    """Fraction of the window's area that lies inside an image of ``height`` x ``width``."""
+    src_r, src_c, _, _ = window_overlap(window, height, width)
+    inside = (src_r.stop - src_r.start) * (src_c.stop - src_c.start)
+    return inside / float(window.size * window.size)
