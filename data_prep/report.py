@@ -64,11 +64,19 @@ class PrepareReport:
 
     def summary(self) -> str:
         lines = [f"chips written: {self.chips}"]
-        lines.append("per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in CLASS_NAMES) + (f", unlabelled {self.unlabelled}" if self.unlabelled else ""))
+        lines.append(
+            "per class: "
+            + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in CLASS_NAMES)
+            + (f", unlabelled {self.unlabelled}" if self.unlabelled else "")
+        )
         if self.per_event:
-            lines.append("per event: " + ", ".join(f"{e} {n}" for e, n in sorted(self.per_event.items())))
+            lines.append(
+                "per event: " + ", ".join(f"{e} {n}" for e, n in sorted(self.per_event.items()))
+            )
         if self.excluded_unclassified:
-            lines.append(f"un-classified buildings excluded: {self.excluded_unclassified} (use --include-unclassified to keep them unlabelled)")
+            lines.append(
+                f"un-classified buildings excluded: {self.excluded_unclassified} (use --include-unclassified to keep them unlabelled)"
+            )
         if self.not_covered:
             lines.append(f"buildings not covered by both pre and post imagery: {self.not_covered}")
         if self.skipped:

@@ -72,10 +72,14 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "tile"
 
 
-def write_shard(root: str | os.PathLike, name: str, pre: np.ndarray, post: np.ndarray) -> tuple[str, str]:
+def write_shard(
+    root: str | os.PathLike, name: str, pre: np.ndarray, post: np.ndarray
+) -> tuple[str, str]:
     """Write one tile's chips atomically; return the (pre, post) paths relative to ``root``."""
     if pre.shape != post.shape or pre.dtype != np.uint8 or post.dtype != np.uint8:
-        raise ValueError(f"pre/post chips must be uint8 of equal shape, got {pre.shape} {pre.dtype} and {post.shape} {post.dtype}")
+        raise ValueError(
+            f"pre/post chips must be uint8 of equal shape, got {pre.shape} {pre.dtype} and {post.shape} {post.dtype}"
+        )
     rel = []
     for kind, arr in (("pre", pre), ("post", post)):
         relpath = f"{SHARDS}/{safe_name(name)}_{kind}.npy"
@@ -91,17 +95,19 @@ def write_json(path: str | os.PathLike, obj: object) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def write_manifest(root: str | os.PathLike, rows: Iterable[Mapping], meta: Mapping | None = None) -> Path:
+def write_manifest(
+    root: str | os.PathLike, rows: Iterable[Mapping], meta: Mapping | None = None
+) -> Path:
     """Write ``manifest.csv`` (and ``store.json`` when ``meta`` is given) atomically."""
     root = Path(root)
     if meta is not None:
         write_json(root / STORE_META, dict(meta))
     out = root / MANIFEST
     with atomic_path(out, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(MANIFEST_COLUMNS), extrasaction="ignore")
-        writer.writeheader()
+        writer = csv.writer(fh)
+        writer.writerow(MANIFEST_COLUMNS)
         for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in MANIFEST_COLUMNS})
+            writer.writerow(["" if (v := row.get(k)) is None else v for k in MANIFEST_COLUMNS])
     return out
 
 
@@ -120,8 +126,15 @@ def read_manifest(root: str | os.PathLike):
 
     path = Path(root) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no manifest; run `local-damage prepare` to create a chip store")
-    df = pd.read_csv(path, dtype={"chip_id": str, "event": str, "tile": str, "uid": str, "label_name": str}, keep_default_na=False, na_values={"lon": [""], "lat": [""]})
+        raise FileNotFoundError(
+            f"{path}: no manifest; run `local-damage prepare` to create a chip store"
+        )
+    df = pd.read_csv(
+        path,
+        dtype={"chip_id": str, "event": str, "tile": str, "uid": str, "label_name": str},
+        keep_default_na=False,
+        na_values={"lon": [""], "lat": [""]},
+    )
     df["label"] = df["label"].astype(int)
     return df
 
@@ -148,4 +161,6 @@ class ChipReader:
     def pair(self, row: Mapping) -> tuple[np.ndarray, np.ndarray]:
         """The (pre, post) uint8 [S, S, 3] chips of one manifest row."""
         i = int(row["index"])
-        return np.asarray(self._shard(row["pre_file"])[i]), np.asarray(self._shard(row["post_file"])[i])
+        return np.asarray(self._shard(row["pre_file"])[i]), np.asarray(
+            self._shard(row["post_file"])[i]
+        )

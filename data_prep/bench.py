@@ -1,0 +1,167 @@
+"""`local-damage bench prepare`: xBD chip extraction rate against the decode-only rate.
+
+For each worker count the same run measures (1) decode-only: every tile's pre and post image
+decoded once with the reader `prepare xbd` uses and nothing else, over the same process pool;
+(2) extraction: the whole `prepare xbd` into a temporary chip store. Both are reported in
+buildings per second over the same buildings, so their ratio is the share of time spent outside
+decoding (1.0 = chip cutting and writing cost nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from data_prep.spec import ChipSpec
+
+
+def _decode_tile(paths: tuple) -> int:
+    """Decode a tile's images with the `prepare xbd` reader and nothing else; returns how many."""
+    from data_prep.xbd import read_tile_image
+
+    decoded = 0
+    for path in paths:
+        try:
+            read_tile_image(path)
+            decoded += 1
+        except Exception:  # extraction skips unreadable images too
+            pass
+    return decoded
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds used by this process and its finished worker processes."""
+    try:
+        import resource
+    except ImportError:  # not on Unix: this process only
+        return time.process_time()
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _warm_cache(paths: Sequence[Path]) -> None:
+    """Read every file's bytes once so that both measurements start from the page cache."""
+    for path in paths:
+        with open(path, "rb") as fh:
+            while fh.read(1 << 22):
+                pass
+
+
+def bench_prepare(
+    roots: Sequence[str | os.PathLike] | str | os.PathLike,
+    spec: ChipSpec | None = None,
+    workers: Sequence[int] = (1, 2),
+    limit: int | None = None,
+    as_json: bool = False,
+    repeat: int = 2,
+    print_result: bool = True,
+) -> dict:
+    """Measure buildings per second for xBD chip extraction next to the decode-only rate.
+
+    Args:
+        roots: xBD root folder(s).
+        spec: chip specification (default ``ChipSpec()``).
+        workers: worker counts to measure, in order.
+        limit: use only the first ``limit`` tiles (sorted by name).
+        as_json: print the figures as JSON instead of a table.
+        repeat: runs per measurement; the fastest counts (both rates alike).
+        print_result: print the figures (to stdout).
+
+    Returns:
+        ``{"tiles", "buildings", "spec", "reader", "cpu_count", "results": [...]}`` where each
+        result holds ``workers``, ``decode_s``, ``extract_s`` (seconds),
+        ``decode_buildings_per_s``, ``extract_buildings_per_s``, ``ratio`` (extraction over
+        decode-only rate), ``speedup`` (extraction rate over the first worker count's) and
+        ``decode_cpu_s``, ``extract_cpu_s``, ``cpu_ratio``: the same in CPU seconds of all
+        processes, which other load on the machine disturbs less than wall time.
+
+    Raises:
+        XbdRootError: a root does not exist or holds no xBD tiles.
+    """
+    from data_prep.xbd import find_tiles, prepare_xbd, run_tiles
+
+    spec = spec or ChipSpec()
+    roots = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
+    tiles, _ = find_tiles(roots)
+    if limit is not None:
+        tiles = tiles[: max(int(limit), 0)]
+    images = [p for t in tiles for p in (t.pre, t.post) if p is not None]
+    _warm_cache(images)
+
+    results = []
+    buildings = 0
+    per_tile = [tuple(p for p in (t.pre, t.post) if p is not None) for t in tiles]
+    for w in workers:
+        decode_s = extract_s = decode_cpu = extract_cpu = float("inf")
+        for _ in range(max(int(repeat), 1)):  # alternate the two so both see the same conditions
+            start, cpu = time.perf_counter(), _cpu_seconds()
+            run_tiles(_decode_tile, per_tile, workers=w, progress=False)
+            decode_s = min(decode_s, time.perf_counter() - start)
+            decode_cpu = min(decode_cpu, _cpu_seconds() - cpu)
+            with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+                start, cpu = time.perf_counter(), _cpu_seconds()
+                report = prepare_xbd(
+                    roots, Path(tmp) / "chips", spec=spec, workers=w, limit=limit, progress=False
+                )
+                extract_s = min(extract_s, time.perf_counter() - start)
+                extract_cpu = min(extract_cpu, _cpu_seconds() - cpu)
+        buildings = report.chips
+        results.append(
+            {
+                "workers": int(w),
+                "decode_s": round(decode_s, 4),
+                "extract_s": round(extract_s, 4),
+                "decode_buildings_per_s": round(buildings / decode_s, 1),
+                "extract_buildings_per_s": round(buildings / extract_s, 1),
+                "ratio": round(decode_s / extract_s, 3),
+                "decode_cpu_s": round(decode_cpu, 4),
+                "extract_cpu_s": round(extract_cpu, 4),
+                "cpu_ratio": round(decode_cpu / extract_cpu, 3) if extract_cpu > 0 else 0.0,
+            }
+        )
+    base = results[0]["extract_buildings_per_s"] if results else 0.0
+    for r in results:
+        r["speedup"] = round(r["extract_buildings_per_s"] / base, 3) if base > 0 else 0.0
+    figures = {
+        "tiles": len(tiles),
+        "images": len(images),
+        "buildings": buildings,
+        "spec": spec.to_dict(),
+        "reader": "rasterio (GDAL) for PNG and GeoTIFF",
+        "cpu_count": os.cpu_count(),
+        "repeat": max(int(repeat), 1),
+        "results": results,
+    }
+    if print_result:
+        print(json.dumps(figures, indent=2) if as_json else format_table(figures))
+    return figures
+
+
+def format_table(figures: dict) -> str:
+    """The figures of ``bench_prepare`` as a plain-text table."""
+    spec = figures["spec"]
+    lines = [
+        f"xBD chip extraction: {figures['tiles']} tiles, {figures['images']} images, "
+        f"{figures['buildings']} buildings; chip {spec['chip_size']} px, context {spec['context']}, "
+        f"min {spec['min_size']} px; reader {figures['reader']}; {figures['cpu_count']} CPUs; "
+        f"best of {figures['repeat']} run(s)",
+        f"{'workers':>7}  {'decode-only bldg/s':>18}  {'extraction bldg/s':>17}  {'ratio':>5}  "
+        f"{'speedup':>7}  {'cpu ratio':>9}",
+    ]
+    for r in figures["results"]:
+        lines.append(
+            f"{r['workers']:>7}  {r['decode_buildings_per_s']:>18.1f}  "
+            f"{r['extract_buildings_per_s']:>17.1f}  {r['ratio']:>5.2f}  {r['speedup']:>7.2f}  "
+            f"{r['cpu_ratio']:>9.2f}"
+        )
+    lines.append(
+        "ratio = extraction rate / decode-only rate at the same worker count (target >= 0.70); "
+        "speedup = extraction rate / that of the first worker count; cpu ratio = the ratio in "
+        "CPU seconds (less disturbed by other load)"
+    )
+    return "\n".join(lines)

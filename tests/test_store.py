@@ -1,0 +1,144 @@
+"""The chip store: shards + manifest round trip, and atomic writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_prep.store import (
+    MANIFEST,
+    MANIFEST_COLUMNS,
+    ChipReader,
+    atomic_path,
+    read_manifest,
+    read_meta,
+    start_store,
+    write_manifest,
+    write_shard,
+)
+
+
+def _chips(rng, n, size=16):
+    return rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+
+
+def _row(tile, i, pre_file, post_file, label=0, lon=None):
+    return {
+        "chip_id": f"{tile}:{i}",
+        "event": "ev",
+        "tile": tile,
+        "uid": str(i),
+        "label": label,
+        "label_name": "" if label < 0 else "no-damage",
+        "bbox_minx": 1.5,
+        "bbox_miny": 2.25,
+        "bbox_maxx": 10.0,
+        "bbox_maxy": 12.0,
+        "win_col": -3,
+        "win_row": 4,
+        "win_size": 64,
+        "lon": lon,
+        "lat": None if lon is None else 30.5,
+        "pre_file": pre_file,
+        "post_file": post_file,
+        "index": i,
+    }
+
+
+def test_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    root = start_store(tmp_path / "chips")
+    arrays, rows = {}, []
+    for tile, n in (("tile a/1", 3), ("tile_b", 2)):
+        pre, post = _chips(rng, n), _chips(rng, n)
+        pre_file, post_file = write_shard(root, tile, pre, post)
+        assert (root / pre_file).is_file() and (root / post_file).is_file()
+        arrays[tile] = (pre, post)
+        for i in range(n):
+            rows.append(
+                _row(
+                    tile,
+                    i,
+                    pre_file,
+                    post_file,
+                    label=-1 if i == 1 else 0,
+                    lon=-90.25 if i == 0 else None,
+                )
+            )
+    meta = {"source": "test", "spec": {"chip_size": 16}}
+    write_manifest(root, rows, meta)
+
+    df = read_manifest(root)
+    assert list(df.columns) == list(MANIFEST_COLUMNS)
+    assert len(df) == len(rows)
+    assert df["label"].tolist() == [r["label"] for r in rows]
+    assert df["chip_id"].tolist() == [r["chip_id"] for r in rows]
+    assert df.loc[0, "lon"] == -90.25 and np.isnan(df.loc[1, "lon"])
+    assert df.loc[1, "label_name"] == ""
+    assert df["win_col"].tolist() == [-3] * len(rows)
+    assert read_meta(root) == meta
+
+    reader = ChipReader(root)
+    for rec in df.to_dict("records"):
+        pre, post = reader.pair(rec)
+        expected_pre, expected_post = arrays[rec["tile"]]
+        np.testing.assert_array_equal(pre, expected_pre[rec["index"]])
+        np.testing.assert_array_equal(post, expected_post[rec["index"]])
+
+
+def test_write_shard_rejects_mismatched_chips(tmp_path):
+    rng = np.random.default_rng(1)
+    with pytest.raises(ValueError, match="equal shape"):
+        write_shard(tmp_path, "t", _chips(rng, 2), _chips(rng, 3))
+    with pytest.raises(ValueError, match="uint8"):
+        write_shard(tmp_path, "t", _chips(rng, 2).astype(np.float32), _chips(rng, 2))
+    assert not list(tmp_path.rglob("*.npy"))
+
+
+def test_atomic_path_failure_leaves_no_file_and_keeps_old(tmp_path):
+    target = tmp_path / "out.txt"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("partial")
+        raise RuntimeError("boom")
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []
+
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("new")
+        raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+    with atomic_path(target) as tmp:
+        tmp.write_text("new")
+    assert target.read_text() == "new"
+
+
+def test_failing_manifest_write_keeps_previous_manifest(tmp_path):
+    root = start_store(tmp_path)
+    write_manifest(root, [_row("t", 0, "a", "b")])
+    before = (root / MANIFEST).read_bytes()
+
+    def rows():
+        yield _row("t", 1, "a", "b")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_manifest(root, rows())
+    assert (root / MANIFEST).read_bytes() == before
+    assert sorted(p.name for p in root.iterdir()) == [MANIFEST, "shards"]
+
+
+def test_start_store_removes_old_manifest(tmp_path):
+    root = start_store(tmp_path / "chips")
+    pre_file, post_file = write_shard(
+        root, "t", np.zeros((1, 8, 8, 3), np.uint8), np.zeros((1, 8, 8, 3), np.uint8)
+    )
+    write_manifest(root, [_row("t", 0, pre_file, post_file)])
+    assert (root / MANIFEST).is_file()
+    start_store(root)
+    assert not (root / MANIFEST).exists()
+    assert (root / pre_file).is_file()  # shards stay until overwritten
+    with pytest.raises(FileNotFoundError, match="no manifest"):
+        read_manifest(root)
