@@ -13,10 +13,30 @@ def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     from data_prep.spec import ChipSpec
 
     d = ChipSpec()
-    parser.add_argument("--chip-size", type=int, default=d.chip_size, metavar="N", help=f"side of the stored chips in pixels (default {d.chip_size})")
-    parser.add_argument("--context", type=float, default=d.context, metavar="F", help=f"window side as a multiple of the footprint's longest bbox side (default {d.context})")
-    parser.add_argument("--min-size", type=int, default=d.min_size, metavar="PX", help=f"smallest window side in source pixels (default {d.min_size})")
-    parser.add_argument("--strict", action="store_true", help="exit non-zero when any input was skipped")
+    parser.add_argument(
+        "--chip-size",
+        type=int,
+        default=d.chip_size,
+        metavar="N",
+        help=f"side of the stored chips in pixels (default {d.chip_size})",
+    )
+    parser.add_argument(
+        "--context",
+        type=float,
+        default=d.context,
+        metavar="F",
+        help=f"window side as a multiple of the footprint's longest bbox side (default {d.context})",
+    )
+    parser.add_argument(
+        "--min-size",
+        type=int,
+        default=d.min_size,
+        metavar="PX",
+        help=f"smallest window side in source pixels (default {d.min_size})",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit non-zero when any input was skipped"
+    )
 
 
 def _spec(args: argparse.Namespace):
@@ -31,23 +51,45 @@ def _finish(report, strict: bool) -> int:
 
 
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
-    from data_prep.xbd import prepare_xbd
+    from data_prep.xbd import XbdRootError, prepare_xbd
 
-    report = prepare_xbd(args.root, args.out, spec=_spec(args), workers=args.workers, include_unclassified=args.include_unclassified)
+    try:
+        report = prepare_xbd(
+            args.root,
+            args.out,
+            spec=_spec(args),
+            workers=args.workers,
+            include_unclassified=args.include_unclassified,
+        )
+    except XbdRootError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return _finish(report, args.strict)
 
 
 def _run_prepare_scene(args: argparse.Namespace) -> int:
     from data_prep.scene import prepare_scene
 
-    report = prepare_scene(args.pre, args.post, args.buildings, args.out, spec=_spec(args), label_field=args.label_field, event=args.event)
+    report = prepare_scene(
+        args.pre,
+        args.post,
+        args.buildings,
+        args.out,
+        spec=_spec(args),
+        label_field=args.label_field,
+        event=args.event,
+    )
     return _finish(report, args.strict)
 
 
 def _run_split(args: argparse.Namespace) -> int:
     from data_prep.split import make_splits
 
-    path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
+    try:
+        path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -55,47 +97,118 @@ def _run_split(args: argparse.Namespace) -> int:
 def _run_bench_prepare(args: argparse.Namespace) -> int:
     from data_prep.bench import bench_prepare
 
-    bench_prepare(args.root, spec=_spec(args), workers=args.workers, limit=args.limit, as_json=args.json)
+    bench_prepare(
+        args.root, spec=_spec(args), workers=args.workers, limit=args.limit, as_json=args.json
+    )
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `prepare` and `split` to the top-level subcommands."""
-    prepare = sub.add_parser("prepare", help="cut per-building pre/post chip pairs into a chip store", description="Cut per-building pre/post chip pairs from xBD tiles or georeferenced scenes into a chip store (manifest.csv + shards).")
+    prepare = sub.add_parser(
+        "prepare",
+        help="cut per-building pre/post chip pairs into a chip store",
+        description="Cut per-building pre/post chip pairs from xBD tiles or georeferenced scenes into a chip store (manifest.csv + shards).",
+    )
     psub = prepare.add_subparsers(dest="source", metavar="SOURCE", required=True)
 
-    xbd = psub.add_parser("xbd", help="from xBD tiles with label JSON", description="Cut chips from xBD as distributed: ROOT/images/*_{pre,post}_disaster.{png,tif} with ROOT/labels/*.json, or the split layout ROOT/{train,tier3,test,hold}/...")
-    xbd.add_argument("--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)")
+    xbd = psub.add_parser(
+        "xbd",
+        help="from xBD tiles with label JSON",
+        description="Cut chips from xBD as distributed: ROOT/images/*_{pre,post}_disaster.{png,tif} with ROOT/labels/*.json, or the split layout ROOT/{train,tier3,test,hold}/...",
+    )
+    xbd.add_argument(
+        "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
+    )
     xbd.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     _spec_arguments(xbd)
-    xbd.add_argument("--workers", type=int, default=1, metavar="N", help="parallel worker processes over tiles (default 1)")
-    xbd.add_argument("--include-unclassified", action="store_true", help="keep un-classified buildings as unlabelled chips")
+    xbd.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="parallel worker processes over tiles (default 1)",
+    )
+    xbd.add_argument(
+        "--include-unclassified",
+        action="store_true",
+        help="keep un-classified buildings as unlabelled chips",
+    )
     xbd.set_defaults(func=_run_prepare_xbd)
 
-    scene = psub.add_parser("scene", help="from georeferenced GeoTIFFs with footprints", description="Cut chips from georeferenced pre/post GeoTIFF tiles (any CRS and resolution; mosaicked virtually, post warped onto the pre grid) and building footprints (GeoJSON, GeoPackage or Shapefile in any CRS).")
-    scene.add_argument("--pre", nargs="+", required=True, metavar="PATH", help="pre-disaster GeoTIFF tile(s)")
-    scene.add_argument("--post", nargs="+", required=True, metavar="PATH", help="post-disaster GeoTIFF tile(s)")
-    scene.add_argument("--buildings", required=True, metavar="FILE", help="building footprints (GeoJSON, GeoPackage or Shapefile)")
-    scene.add_argument("--label-field", metavar="NAME", help="footprint attribute holding the damage label (class name or 0-3)")
-    scene.add_argument("--event", metavar="NAME", help="event name for the manifest (default: the footprint file's name)")
+    scene = psub.add_parser(
+        "scene",
+        help="from georeferenced GeoTIFFs with footprints",
+        description="Cut chips from georeferenced pre/post GeoTIFF tiles (any CRS and resolution; mosaicked virtually, post warped onto the pre grid) and building footprints (GeoJSON, GeoPackage or Shapefile in any CRS).",
+    )
+    scene.add_argument(
+        "--pre", nargs="+", required=True, metavar="PATH", help="pre-disaster GeoTIFF tile(s)"
+    )
+    scene.add_argument(
+        "--post", nargs="+", required=True, metavar="PATH", help="post-disaster GeoTIFF tile(s)"
+    )
+    scene.add_argument(
+        "--buildings",
+        required=True,
+        metavar="FILE",
+        help="building footprints (GeoJSON, GeoPackage or Shapefile)",
+    )
+    scene.add_argument(
+        "--label-field",
+        metavar="NAME",
+        help="footprint attribute holding the damage label (class name or 0-3)",
+    )
+    scene.add_argument(
+        "--event",
+        metavar="NAME",
+        help="event name for the manifest (default: the footprint file's name)",
+    )
     scene.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     _spec_arguments(scene)
     scene.set_defaults(func=_run_prepare_scene)
 
-    split = sub.add_parser("split", help="assign tiles of a chip store to cross-validation folds", description="Write CHIPS/splits.csv: k folds grouped by tile (stratified by class as far as the groups allow) or leave-one-event-out. No tile is in two folds.")
+    split = sub.add_parser(
+        "split",
+        help="assign tiles of a chip store to cross-validation folds",
+        description="Write CHIPS/splits.csv: k folds grouped by tile (stratified by class as far as the groups allow) or leave-one-event-out. No tile is in two folds.",
+    )
     split.add_argument("chips", metavar="CHIPS", help="chip store folder")
-    split.add_argument("--folds", type=int, default=5, metavar="K", help="number of folds for --by tile (default 5)")
-    split.add_argument("--by", choices=("tile", "event"), default="tile", help="group by tile (k-fold) or by event (leave-one-event-out)")
+    split.add_argument(
+        "--folds",
+        type=int,
+        default=5,
+        metavar="K",
+        help="number of folds for --by tile (default 5)",
+    )
+    split.add_argument(
+        "--by",
+        choices=("tile", "event"),
+        default="tile",
+        help="group by tile (k-fold) or by event (leave-one-event-out)",
+    )
     split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     split.set_defaults(func=_run_split)
 
 
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:
     """Add `bench prepare`."""
-    bp = bench_sub.add_parser("prepare", help="chip extraction rate against the decode-only rate", description="Print buildings per second for `prepare xbd` on ROOT next to the rate of decoding every pre/post image once (measured in the same run), and their ratio.")
-    bp.add_argument("--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)")
+    bp = bench_sub.add_parser(
+        "prepare",
+        help="chip extraction rate against the decode-only rate",
+        description="Print buildings per second for `prepare xbd` on ROOT next to the rate of decoding every pre/post image once (measured in the same run), and their ratio.",
+    )
+    bp.add_argument(
+        "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
+    )
     _spec_arguments(bp)
-    bp.add_argument("--workers", type=int, nargs="+", default=[1, 2], metavar="N", help="worker counts to measure (default 1 2)")
+    bp.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        metavar="N",
+        help="worker counts to measure (default 1 2)",
+    )
     bp.add_argument("--limit", type=int, metavar="TILES", help="use only the first TILES tiles")
     bp.add_argument("--json", action="store_true", help="print the figures as JSON")
     bp.set_defaults(func=_run_bench_prepare)

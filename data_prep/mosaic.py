@@ -1,0 +1,594 @@
+"""Virtual mosaics of georeferenced tiles on one pixel grid, read one window at a time.
+
+A scene is a set of pre-disaster tiles and a set of post-disaster tiles, each set possibly in
+several CRS and resolutions. :func:`open_scene` puts both on one target grid, the *pre grid*:
+
+- CRS: the CRS shared by most pre tiles (the first given tile breaks ties).
+- Pixel size: square, the finest pre resolution measured in that CRS.
+- Origin: aligned to the finest pre tile in that CRS, so its pixels are read without resampling;
+  the grid covers the union of the pre tiles.
+
+Nothing is mosaicked in memory. :meth:`Mosaic.read` warps each tile that meets a window onto that
+window (one ``rasterio.warp.reproject`` per tile and window from the open dataset, bilinear, with a
+destination alpha band), so only the source pixels under the window are read. A warped pixel does
+not depend on the window it was read in, up to one grey level of resampling rounding (a warped
+VRT read in internal blocks can differ far more at its block edges, which is why it is not used).
+Where tiles overlap, the earlier tile in the given order wins. A pixel is valid where some tile has data there: inside the tile, not nodata, not masked, not
+zero alpha. Outside every tile the window is zero filled and invalid.
+
+Rasters that are not uint8 (11/16-bit or float products) are scaled to uint8 with a 2nd-98th
+percentile stretch per band, the same formula as :func:`data_prep.imagery.to_uint8_rgb`, but
+computed once per mosaic from decimated reads of its tiles (overviews when present), so every
+window of a scene is scaled alike and chips of neighbouring buildings are comparable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from data_prep.report import Skipped
+
+if TYPE_CHECKING:
+    import shapely
+    from affine import Affine
+    from rasterio.crs import CRS
+
+#: Longest side, in pixels, of the decimated read used to compute a non-uint8 stretch.
+STRETCH_SAMPLE_PX = 512
+#: Most values per band and tile kept for the stretch percentiles.
+STRETCH_SAMPLE_VALUES = 65536
+
+
+class SceneError(ValueError):
+    """An input that makes a scene or one of its tiles unusable.
+
+    Attributes:
+        item: the file (or input) at fault.
+        reason: what is wrong with it and, where possible, what to do.
+    """
+
+    def __init__(self, item: str | os.PathLike, reason: str):
+        self.item = str(item)
+        self.reason = reason
+        super().__init__(f"{self.item}: {reason}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A north-up pixel grid: CRS, affine transform (pixel corner -> CRS units) and size.
+
+    Pixel coordinates are (col, row) = (x, y) with (0, 0) the top-left corner of the top-left pixel.
+    """
+
+    crs: CRS
+    transform: Affine
+    width: int
+    height: int
+
+    @property
+    def res(self) -> float:
+        """Pixel side in CRS units (metres for projected CRS)."""
+        return float(abs(self.transform.a))
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        """(minx, miny, maxx, maxy) in CRS units."""
+        t = self.transform
+        x0, y0 = t.c, t.f
+        x1, y1 = t @ (self.width, self.height)
+        return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
+
+    def window_transform(self, col_off: int, row_off: int) -> Affine:
+        """The transform of a window whose top-left pixel is (col_off, row_off)."""
+        from affine import Affine
+
+        return self.transform @ Affine.translation(col_off, row_off)
+
+    def to_pixels(self, geometries: np.ndarray) -> np.ndarray:
+        """Shapely geometries in the grid CRS -> the same geometries in pixel coordinates."""
+        return _affine_geoms(geometries, ~self.transform)
+
+    def from_pixels(self, geometries: np.ndarray) -> np.ndarray:
+        """Shapely geometries in pixel coordinates -> the same geometries in the grid CRS."""
+        return _affine_geoms(geometries, self.transform)
+
+    def to_dict(self) -> dict:
+        return {
+            "crs": self.crs.to_string(),
+            "transform": list(self.transform)[:6],
+            "width": self.width,
+            "height": self.height,
+        }
+
+
+def _affine_geoms(geometries, t) -> np.ndarray:
+    import shapely
+
+    def apply(xy: np.ndarray) -> np.ndarray:
+        x, y = xy[:, 0], xy[:, 1]
+        return np.column_stack([t.a * x + t.b * y + t.c, t.d * x + t.e * y + t.f])
+
+    return shapely.transform(np.asarray(geometries, dtype=object), apply)
+
+
+def reproject_geometries(geometries, src_crs, dst_crs) -> np.ndarray:
+    """Shapely geometries from ``src_crs`` to ``dst_crs`` (x = easting/longitude first).
+
+    Coordinates that cannot be transformed become infinite; callers check ``shapely.bounds``.
+    """
+    import shapely
+    from pyproj import CRS as ProjCRS
+    from pyproj import Transformer
+
+    src = ProjCRS.from_user_input(_crs_text(src_crs))
+    dst = ProjCRS.from_user_input(_crs_text(dst_crs))
+    geometries = np.asarray(geometries, dtype=object)
+    if src == dst:
+        return geometries
+    transformer = Transformer.from_crs(src, dst, always_xy=True)
+
+    def apply(xy: np.ndarray) -> np.ndarray:
+        x, y = transformer.transform(xy[:, 0], xy[:, 1])
+        return np.column_stack([x, y])
+
+    return shapely.transform(geometries, apply)
+
+
+def _crs_text(crs) -> str:
+    return crs if isinstance(crs, str) else crs.to_wkt()
+
+
+@dataclass
+class Tile:
+    """One open GeoTIFF of a mosaic.
+
+    Attributes:
+        path: the file.
+        dataset: the open rasterio dataset.
+        alpha: 1-based index of the source alpha band, 0 when it has none.
+        footprint: the tile's extent as a polygon in the grid CRS (set by :func:`open_scene`).
+        stretch: [3, 2] (low, high) per band for non-uint8 tiles (set by :class:`Mosaic` for all
+            its tiles at once; computed from this tile alone when read outside a mosaic), None for
+            uint8.
+        sample: values of bands 1-3 drawn when opening a non-uint8 tile, for the stretch.
+    """
+
+    path: str
+    dataset: object
+    alpha: int = 0
+    footprint: shapely.Geometry | None = None
+    stretch: np.ndarray | None = None
+    sample: list[np.ndarray] | None = None
+
+    @property
+    def crs(self):
+        return self.dataset.crs
+
+    def source_footprint(self):
+        """The tile's extent as a polygon in its own CRS, edges densified for reprojection."""
+        import shapely
+
+        ds = self.dataset
+        w, h = ds.width, ds.height
+        ring = shapely.segmentize(shapely.box(0, 0, w, h), max(w, h) / 32.0)
+        return _affine_geoms(np.array([ring], dtype=object), ds.transform)[0]
+
+    def read_warped(self, crs, transform, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+        """Warp the tile onto a window: uint8 [height, width, 3] RGB and bool [height, width] valid.
+
+        One GDAL warp per call (``rasterio.warp.reproject`` from the open dataset, bilinear): only
+        the source pixels under the window are read, and a pixel's value does not depend on the
+        window it is read in (up to one grey level of resampling rounding).
+        """
+        import rasterio
+        from rasterio.enums import Resampling
+        from rasterio.warp import reproject
+
+        dtype = np.dtype(self.dataset.dtypes[0])
+        if dtype != np.uint8 and self.stretch is None:
+            self.stretch = mosaic_stretch([self])
+        data = np.zeros((4, height, width), dtype=dtype)
+        reproject(
+            rasterio.band(self.dataset, [1, 2, 3, self.alpha] if self.alpha else [1, 2, 3]),
+            data,
+            dst_transform=transform,
+            dst_crs=crs,
+            resampling=Resampling.bilinear,
+            src_alpha=4 if self.alpha else 0,
+            dst_alpha=4,
+        )
+        valid = data[3] > 0
+        rgb = data[:3]
+        if dtype != np.uint8:
+            rgb = apply_stretch(rgb, self.stretch, valid)
+        return np.ascontiguousarray(np.moveaxis(rgb, 0, -1)), valid
+
+    def close(self) -> None:
+        self.dataset.close()
+
+
+def apply_stretch(
+    bands: np.ndarray, stretch: np.ndarray, valid: np.ndarray | None = None
+) -> np.ndarray:
+    """Scale [3, H, W] values to uint8 with per-band (low, high): ``(v - low) / (high - low) * 255``.
+
+    Bands whose high <= low map to 0, as do pixels outside ``valid`` and non-finite values.
+    """
+    out = np.zeros(bands.shape, dtype=np.uint8)
+    for b in range(3):
+        lo, hi = float(stretch[b, 0]), float(stretch[b, 1])
+        if not hi > lo:
+            continue
+        band = bands[b].astype(np.float32)
+        scaled = np.clip((band - lo) / (hi - lo) * 255.0, 0, 255)
+        scaled[~np.isfinite(scaled)] = 0
+        out[b] = scaled.astype(np.uint8)
+    if valid is not None:
+        out[:, ~valid] = 0
+    return out
+
+
+def open_tile(path: str | os.PathLike) -> Tile:
+    """Open one GeoTIFF for a scene, refusing what cannot be mosaicked.
+
+    Raises:
+        SceneError: naming the file, when it is missing, unreadable or corrupt, has no CRS or
+            geotransform, has other than 3 bands (or 4: RGBA, or RGB plus NIR which is ignored), or
+            has a pixel type that cannot be scaled to uint8.
+    """
+    import warnings
+
+    import rasterio
+    from rasterio.enums import ColorInterp
+    from rasterio.errors import NotGeoreferencedWarning, RasterioError
+
+    path = str(path)
+    if not os.path.exists(path):
+        raise SceneError(path, "file not found")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            ds = rasterio.open(path)
+    except RasterioError as exc:
+        raise SceneError(path, f"cannot be read as a raster ({exc})") from exc
+    try:
+        if ds.crs is None:
+            raise SceneError(
+                path,
+                "has no CRS (not georeferenced); scene mode needs georeferenced GeoTIFFs "
+                "(assign one, e.g. `gdal_edit.py -a_srs EPSG:XXXX`, or use `prepare xbd` for "
+                "pixel-aligned pairs)",
+            )
+        if ds.transform.is_identity:
+            raise SceneError(
+                path, "has a CRS but no geotransform; scene mode needs georeferenced GeoTIFFs"
+            )
+        if ds.count not in (3, 4):
+            raise SceneError(
+                path,
+                f"has {ds.count} band(s); an RGB image with 3 bands (or 4: RGBA, or RGB plus NIR, "
+                "the 4th is dropped) is required",
+            )
+        alpha = 0
+        for i, ci in enumerate(ds.colorinterp, start=1):
+            if ci == ColorInterp.alpha:
+                alpha = i
+        if alpha in (1, 2, 3):
+            raise SceneError(
+                path, f"band {alpha} is an alpha band; bands 1-3 must be red, green, blue"
+            )
+        dtype = np.dtype(ds.dtypes[0])
+        if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+            raise SceneError(path, f"unsupported pixel type {dtype}")
+        # A small decimated read reaches blocks across the file: truncated or corrupt data fails
+        # here rather than half way through a run.
+        ds.read(1, out_shape=(min(ds.height, 64), min(ds.width, 64)))
+        sample = None if dtype == np.uint8 else stretch_sample(ds, alpha)
+    except RasterioError as exc:
+        ds.close()
+        raise SceneError(
+            path, f"cannot be read, the file looks corrupt or truncated ({exc})"
+        ) from exc
+    except BaseException:
+        ds.close()
+        raise
+    return Tile(path=path, dataset=ds, alpha=alpha, sample=sample)
+
+
+def stretch_sample(dataset, alpha: int = 0) -> list[np.ndarray]:
+    """Valid values of bands 1-3 from a decimated read (overviews when present), at most
+    ``STRETCH_SAMPLE_VALUES`` per band, for computing a percentile stretch."""
+    scale = max(1.0, max(dataset.width, dataset.height) / float(STRETCH_SAMPLE_PX))
+    shape = (3, max(1, round(dataset.height / scale)), max(1, round(dataset.width / scale)))
+    data = dataset.read([1, 2, 3], out_shape=shape, masked=True)
+    mask = np.ma.getmaskarray(data)
+    if alpha:
+        mask = mask | (dataset.read(alpha, out_shape=shape[1:]) == 0)[None]
+    values = np.asarray(data.data, dtype=np.float64)
+    sample = []
+    for b in range(3):
+        band = values[b][~mask[b]]
+        band = band[np.isfinite(band)]
+        step = max(1, band.size // STRETCH_SAMPLE_VALUES)
+        sample.append(band[::step])
+    return sample
+
+
+def mosaic_stretch(tiles: list[Tile]) -> np.ndarray | None:
+    """One [3, 2] (2nd, 98th percentile) stretch over the non-uint8 tiles; None if all are uint8."""
+    samples: list[list[np.ndarray]] = [[], [], []]
+    for tile in tiles:
+        if tile.dataset.dtypes[0] == "uint8":
+            continue
+        if tile.sample is None:
+            tile.sample = stretch_sample(tile.dataset, tile.alpha)
+        for b in range(3):
+            samples[b].append(tile.sample[b])
+    if not samples[0]:
+        return None
+    stretch = np.zeros((3, 2), dtype=np.float64)
+    for b in range(3):
+        pooled = np.concatenate(samples[b])
+        if pooled.size:
+            stretch[b] = np.percentile(pooled, [2, 98])
+    return stretch
+
+
+class Mosaic:
+    """Tiles of one acquisition (pre or post) read as one raster on a :class:`Grid`.
+
+    Attributes:
+        name: "pre" or "post", used in messages.
+        grid: the target grid.
+        tiles: the tiles in order of precedence (earlier wins where they overlap).
+        coverage: union of the tile footprints in the grid CRS.
+        skipped: tiles dropped after a read failure, with the reason.
+    """
+
+    def __init__(self, name: str, tiles: list[Tile], grid: Grid):
+        import shapely
+
+        self.name = name
+        self.grid = grid
+        self.tiles = list(tiles)
+        self.skipped: list[Skipped] = []
+        groups: dict[str, list[Tile]] = {}
+        for tile in self.tiles:
+            groups.setdefault(tile.crs.to_wkt(), []).append(tile)
+        parts = []
+        for tiles_in_crs in groups.values():
+            crs = tiles_in_crs[0].crs
+            footprints = reproject_geometries(
+                np.array([t.source_footprint() for t in tiles_in_crs], dtype=object), crs, grid.crs
+            )
+            for tile, fp in zip(tiles_in_crs, footprints, strict=True):
+                tile.footprint = shapely.make_valid(fp)
+            # The union is formed in the tiles' own CRS, where neighbours share edges exactly,
+            # then densified and reprojected, so it has no slivers along tile seams.
+            merged = shapely.union_all([t.source_footprint() for t in tiles_in_crs])
+            minx, miny, maxx, maxy = merged.bounds
+            merged = shapely.segmentize(merged, max(maxx - minx, maxy - miny) / 256.0)
+            parts.append(reproject_geometries(np.array([merged], dtype=object), crs, grid.crs)[0])
+        self.coverage = shapely.make_valid(shapely.union_all(parts)) if parts else shapely.Polygon()
+        for tile in self.tiles:
+            tile.stretch = None
+        stretch = mosaic_stretch(self.tiles)
+        for tile in self.tiles:
+            if tile.dataset.dtypes[0] != "uint8":
+                tile.stretch = stretch
+
+    @property
+    def paths(self) -> list[str]:
+        return [t.path for t in self.tiles]
+
+    def read(
+        self, col_off: int, row_off: int, width: int, height: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Read a window of the grid (it may extend beyond the grid).
+
+        Args:
+            col_off, row_off: top-left pixel of the window in grid pixels.
+            width, height: window size in pixels.
+
+        Returns:
+            ``(rgb, valid)``: uint8 [height, width, 3], zero where no tile has data, and bool
+            [height, width].
+        """
+        import shapely
+        from rasterio.errors import RasterioError
+
+        transform = self.grid.window_transform(col_off, row_off)
+        x0, y1 = transform.c, transform.f
+        x1, y0 = transform @ (width, height)
+        window_box = shapely.box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))
+        rgb = np.zeros((height, width, 3), dtype=np.uint8)
+        valid = np.zeros((height, width), dtype=bool)
+        for tile in list(self.tiles):
+            if tile.footprint is None or not tile.footprint.intersects(window_box):
+                continue
+            try:
+                tile_rgb, tile_valid = tile.read_warped(self.grid.crs, transform, width, height)
+            except RasterioError as exc:
+                self.tiles.remove(tile)
+                self.skipped.append(
+                    Skipped(
+                        tile.path,
+                        f"read failed, tile dropped from the {self.name} mosaic for the rest of the run ({exc})",
+                    )
+                )
+                tile.close()
+                continue
+            take = tile_valid & ~valid
+            if take.any():
+                rgb[take] = tile_rgb[take]
+                valid |= take
+                if valid.all():
+                    break
+        return rgb, valid
+
+    def close(self) -> None:
+        for tile in self.tiles:
+            tile.close()
+
+
+@dataclass
+class Scene:
+    """Pre and post mosaics on the pre grid; close it (or use ``with``) to release the files.
+
+    Attributes:
+        grid: the pre grid (CRS, transform, size).
+        pre, post: the two mosaics.
+        skipped: tiles that could not be used, with the reason.
+    """
+
+    grid: Grid
+    pre: Mosaic
+    post: Mosaic
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def coverage(self):
+        """Where both pre and post tiles exist (polygon in the grid CRS)."""
+        return self.pre.coverage.intersection(self.post.coverage)
+
+    def read_pair(self, col_off: int, row_off: int, width: int, height: int):
+        """Read the same window from pre and post.
+
+        Returns:
+            ``(pre_rgb, pre_valid, post_rgb, post_valid)`` as in :meth:`Mosaic.read`.
+        """
+        pre_rgb, pre_valid = self.pre.read(col_off, row_off, width, height)
+        post_rgb, post_valid = self.post.read(col_off, row_off, width, height)
+        return pre_rgb, pre_valid, post_rgb, post_valid
+
+    def all_skipped(self) -> list[Skipped]:
+        """Tiles refused when opening plus tiles dropped after a read failure."""
+        return [*self.skipped, *self.pre.skipped, *self.post.skipped]
+
+    def close(self) -> None:
+        self.pre.close()
+        self.post.close()
+
+    def __enter__(self) -> Scene:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _resolution_in(tile: Tile, crs) -> float:
+    """The tile's pixel side (smallest of x and y) expressed in ``crs`` units."""
+    from rasterio.warp import calculate_default_transform
+
+    ds = tile.dataset
+    if ds.crs == crs:
+        t = ds.transform
+        return float(min(np.hypot(t.a, t.d), np.hypot(t.b, t.e)))
+    t, _, _ = calculate_default_transform(ds.crs, crs, ds.width, ds.height, *ds.bounds)
+    return float(min(abs(t.a), abs(t.e)))
+
+
+def pre_grid(tiles: list[Tile]) -> Grid:
+    """The target grid of a scene from its pre tiles (see the module docstring)."""
+    import shapely
+    from affine import Affine
+
+    counts = Counter(t.crs.to_wkt() for t in tiles)
+    best = max(counts.values())
+    crs = next(t.crs for t in tiles if counts[t.crs.to_wkt()] == best)
+    resolutions = [_resolution_in(t, crs) for t in tiles]
+    res = min(resolutions)
+    footprints = []
+    for tile in tiles:
+        footprints.append(
+            reproject_geometries(np.array([tile.source_footprint()], dtype=object), tile.crs, crs)[
+                0
+            ]
+        )
+    minx, miny, maxx, maxy = shapely.union_all(footprints).bounds
+    anchor_x, anchor_y = minx, maxy
+    for tile, r in zip(tiles, resolutions, strict=True):
+        t = tile.dataset.transform
+        if tile.crs == crs and t.b == 0 and t.d == 0 and np.isclose(r, res, rtol=1e-9):
+            anchor_x, anchor_y = t.c, t.f if t.e < 0 else t.f + t.e * tile.dataset.height
+            break
+
+    def steps(value: float, origin: float) -> float:
+        return round((value - origin) / res, 6)
+
+    left = anchor_x + np.floor(steps(minx, anchor_x)) * res
+    right = anchor_x + np.ceil(steps(maxx, anchor_x)) * res
+    top = anchor_y + np.ceil(steps(maxy, anchor_y)) * res
+    bottom = anchor_y + np.floor(steps(miny, anchor_y)) * res
+    width = max(1, int(round((right - left) / res)))
+    height = max(1, int(round((top - bottom) / res)))
+    return Grid(
+        crs=crs,
+        transform=Affine(res, 0.0, float(left), 0.0, -res, float(top)),
+        width=width,
+        height=height,
+    )
+
+
+def _open_tiles(paths, skipped: list[Skipped]) -> list[Tile]:
+    tiles = []
+    for path in paths:
+        try:
+            tiles.append(open_tile(path))
+        except SceneError as exc:
+            skipped.append(Skipped(exc.item, exc.reason))
+    return tiles
+
+
+def open_scene(pre_paths, post_paths) -> Scene:
+    """Open pre and post tiles as two virtual mosaics on the pre grid.
+
+    Tiles that cannot be used are left out and listed in ``Scene.skipped``.
+
+    Args:
+        pre_paths: pre-disaster GeoTIFF tiles, in order of precedence where they overlap.
+        post_paths: post-disaster GeoTIFF tiles, likewise.
+
+    Returns:
+        An open :class:`Scene`.
+
+    Raises:
+        SceneError: when no pre or no post tile is usable, or pre and post do not overlap.
+    """
+    skipped: list[Skipped] = []
+    pre_tiles = _open_tiles(pre_paths, skipped)
+    post_tiles = _open_tiles(post_paths, skipped)
+    try:
+        for name, paths, tiles in (("pre", pre_paths, pre_tiles), ("post", post_paths, post_tiles)):
+            if not tiles:
+                problems = "; ".join(str(s) for s in skipped) or "no files given"
+                raise SceneError(
+                    f"{name} imagery",
+                    f"none of the {len(paths)} {name} tile(s) can be used ({problems})",
+                )
+        grid = pre_grid(pre_tiles)
+        pre = Mosaic("pre", pre_tiles, grid)
+        post = Mosaic("post", post_tiles, grid)
+    except BaseException:
+        for tile in [*pre_tiles, *post_tiles]:
+            tile.close()
+        raise
+    scene = Scene(grid=grid, pre=pre, post=post, skipped=skipped)
+    if scene.coverage.area <= 0:
+        scene.close()
+        raise SceneError(
+            "post imagery",
+            f"the post tiles ({', '.join(post.paths)}) do not overlap the pre tiles "
+            f"({', '.join(pre.paths)}): pre bounds {_fmt_bounds(pre.coverage.bounds)}, post bounds "
+            f"{_fmt_bounds(post.coverage.bounds)} in {grid.crs.to_string()}",
+        )
+    return scene
+
+
+def _fmt_bounds(bounds) -> str:
+    return "(" + ", ".join(f"{v:.6g}" for v in bounds) + ")"

@@ -1,0 +1,378 @@
+"""Per-building chip pairs from a georeferenced scene: `local-damage prepare scene`.
+
+Pre and post tiles are mosaicked virtually on the pre grid (:mod:`data_prep.mosaic`), footprints
+are reprojected onto it (:mod:`data_prep.footprints`), and buildings are cut in spatial blocks:
+the buildings whose centroid falls in one ``block_size`` square of the grid share one windowed
+read of pre and post, so memory stays bounded by the block and the whole scene is never loaded.
+
+A building is chipped only when its footprint lies entirely inside valid data of both mosaics
+(inside the tiles, and every footprint pixel free of nodata, masks and zero alpha); otherwise it
+counts as not covered. Chips follow the chip spec exactly as for xBD: the window from
+:func:`data_prep.windows.chip_window` in pre-grid pixels, zero fill beyond the imagery, resampled
+with :func:`data_prep.windows.resize_chip`.
+
+Store layout: ``tile`` and ``event`` of every row are the scene name; shards hold at most
+``shard_size`` chips each and are named ``<scene>-000_pre.npy``, ``<scene>-001_pre.npy``, ...
+The manifest lists buildings in the footprint file's order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data_prep.footprints import Footprints, load_footprints
+from data_prep.mosaic import Scene, SceneError, open_scene
+from data_prep.report import PrepareReport
+from data_prep.spec import CLASS_NAMES, ChipSpec
+from data_prep.store import start_store, write_manifest, write_shard
+from data_prep.windows import ChipWindow, chip_window, crop_boundless, resize_chip
+
+#: Default side, in grid pixels, of the blocks that share one read.
+BLOCK_SIZE = 1024
+#: Default number of chips per shard file.
+SHARD_SIZE = 1024
+#: Chip windows larger than this many pixels are refused (a footprint that large is not a building).
+MAX_WINDOW = 4096
+
+CHIP = "chip"
+NOT_COVERED = "not_covered"
+SKIPPED = "skipped"
+
+
+@dataclass
+class BuildingChip:
+    """One building of a scene and, when it is covered, its chip pair.
+
+    Attributes:
+        index: position of the building in the :class:`~data_prep.footprints.Footprints` arrays.
+        uid: building id.
+        label: class id 0-3, -1 when unlabelled.
+        status: ``"chip"``, ``"not_covered"`` (not entirely inside valid pre and post data) or
+            ``"skipped"`` (see ``reason``).
+        reason: why the building was skipped, empty otherwise.
+        bbox: (minx, miny, maxx, maxy) footprint bounds in pre-grid pixels.
+        window: the chip window in pre-grid pixels.
+        lon, lat: footprint centroid in degrees (EPSG:4326).
+        pre, post: uint8 [chip_size, chip_size, 3] chips when ``status == "chip"``, else None.
+    """
+
+    index: int
+    uid: str
+    label: int
+    status: str
+    reason: str
+    bbox: tuple[float, float, float, float]
+    window: ChipWindow
+    lon: float
+    lat: float
+    pre: np.ndarray | None = None
+    post: np.ndarray | None = None
+
+
+def iter_building_chips(
+    scene: Scene,
+    footprints: Footprints,
+    spec: ChipSpec,
+    *,
+    block_size: int = BLOCK_SIZE,
+    progress: bool = True,
+) -> Iterator[BuildingChip]:
+    """Cut the chip pair of every building, reading the scene one block of buildings at a time.
+
+    Buildings outside the pre/post coverage are yielded first (no read needed), then the others
+    block by block (row-major over ``block_size`` squares of the grid).
+
+    Args:
+        scene: an open scene.
+        footprints: buildings in the scene's grid CRS (:func:`load_footprints` with
+            ``scene.grid.crs``).
+        spec: the chip specification.
+        block_size: side in grid pixels of the squares whose buildings share one read.
+        progress: show a tqdm progress bar over buildings (on a terminal).
+
+    Yields:
+        One :class:`BuildingChip` per building.
+    """
+    import shapely
+    from tqdm import tqdm
+
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    n = len(footprints)
+    grid = scene.grid
+    pixels = grid.to_pixels(footprints.geometries)
+    bounds = shapely.bounds(pixels) if n else np.zeros((0, 4))
+    centroids = shapely.centroid(pixels) if n else np.zeros(0, dtype=object)
+    cx, cy = (
+        (shapely.get_x(centroids), shapely.get_y(centroids)) if n else (np.zeros(0), np.zeros(0))
+    )
+    lonlat = footprints.lonlat()
+    # Tolerance of half a pixel: the pixel test below decides at the edges.
+    coverage = scene.coverage.buffer(0.5 * grid.res)
+    shapely.prepare(coverage)
+    inside = shapely.contains(coverage, footprints.geometries) if n else np.zeros(0, dtype=bool)
+
+    def building(i: int, status: str, reason: str = "", pre=None, post=None) -> BuildingChip:
+        return BuildingChip(
+            index=i,
+            uid=footprints.uids[i],
+            label=int(footprints.labels[i]),
+            status=status,
+            reason=reason,
+            bbox=tuple(float(v) for v in bounds[i]),
+            window=windows[i],
+            lon=float(lonlat[i, 0]),
+            lat=float(lonlat[i, 1]),
+            pre=pre,
+            post=post,
+        )
+
+    windows = [chip_window((cx[i], cy[i]), tuple(bounds[i]), spec) for i in range(n)]
+    blocks: dict[tuple[int, int, int], list[int]] = {}
+    with tqdm(total=n, desc="buildings", unit="bldg", disable=None if progress else True) as bar:
+        for i in range(n):
+            if not inside[i]:
+                bar.update(1)
+                yield building(i, NOT_COVERED)
+                continue
+            size = windows[i].size
+            if size > MAX_WINDOW:
+                bar.update(1)
+                yield building(
+                    i,
+                    SKIPPED,
+                    f"chip window of {size} px exceeds {MAX_WINDOW} px; is this footprint a building?",
+                )
+                continue
+            key_r, key_c = int(cy[i] // block_size), int(cx[i] // block_size)
+            blocks.setdefault((key_r, key_c, i if size > block_size // 2 else -1), []).append(i)
+
+        for key in sorted(blocks):
+            members = blocks[key]
+            c0 = min(min(windows[i].col_off, math.floor(bounds[i, 0])) for i in members)
+            r0 = min(min(windows[i].row_off, math.floor(bounds[i, 1])) for i in members)
+            c1 = max(
+                max(windows[i].col_off + windows[i].size, math.ceil(bounds[i, 2])) for i in members
+            )
+            r1 = max(
+                max(windows[i].row_off + windows[i].size, math.ceil(bounds[i, 3])) for i in members
+            )
+            pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
+            both = pre_valid & post_valid
+            for i in members:
+                bar.update(1)
+                if not footprint_valid(pixels[i], both, c0, r0):
+                    yield building(i, NOT_COVERED)
+                    continue
+                w = windows[i]
+                local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
+                pre = resize_chip(crop_boundless(pre_rgb, local), spec.chip_size)
+                post = resize_chip(crop_boundless(post_rgb, local), spec.chip_size)
+                yield building(i, CHIP, pre=pre, post=post)
+
+
+def footprint_valid(pixel_geometry, valid: np.ndarray, col_off: int, row_off: int) -> bool:
+    """Whether every pixel whose centre lies in the footprint is valid.
+
+    Args:
+        pixel_geometry: the footprint in grid pixel coordinates.
+        valid: bool [H, W] validity of a block whose top-left pixel is (col_off, row_off).
+        col_off, row_off: the block's position in grid pixels.
+
+    Returns:
+        True when all those pixels are inside the block and valid. A footprint too small to hold a
+        pixel centre is judged by the pixel under its centroid.
+    """
+    from affine import Affine
+    from rasterio.features import rasterize
+
+    height, width = valid.shape
+    minx, miny, maxx, maxy = pixel_geometry.bounds
+    x0, y0 = math.floor(minx) - col_off, math.floor(miny) - row_off
+    x1, y1 = math.ceil(maxx) - col_off, math.ceil(maxy) - row_off
+    if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
+        return False
+    if x1 <= x0 or y1 <= y0:
+        mask = np.zeros((0, 0), dtype=bool)
+    else:
+        mask = rasterize(
+            [(pixel_geometry, 1)],
+            out_shape=(y1 - y0, x1 - x0),
+            transform=Affine.translation(x0 + col_off, y0 + row_off),
+            fill=0,
+            dtype="uint8",
+        ).astype(bool)
+    if not mask.any():
+        c = pixel_geometry.centroid
+        col, row = int(math.floor(c.x)) - col_off, int(math.floor(c.y)) - row_off
+        return 0 <= row < height and 0 <= col < width and bool(valid[row, col])
+    return bool(valid[y0:y1, x0:x1][mask].all())
+
+
+def check_overlap(footprints: Footprints, scene: Scene) -> None:
+    """Raise a clear error when no footprint touches the area covered by both pre and post.
+
+    Raises:
+        SceneError: naming the footprint file, with both extents in the grid CRS.
+    """
+    import shapely
+
+    coverage = scene.coverage
+    if len(footprints) and shapely.intersects(coverage, footprints.geometries).any():
+        return
+    fb = shapely.total_bounds(footprints.geometries) if len(footprints) else (np.nan,) * 4
+    raise SceneError(
+        footprints.path,
+        f"none of its {len(footprints)} footprint(s) overlaps the area covered by both pre and post "
+        f"imagery: footprints span {_fmt(fb)}, imagery {_fmt(coverage.bounds)} in "
+        f"{scene.grid.crs.to_string()} (source CRS {footprints.source_crs}); check that the file "
+        "belongs to this scene and that its CRS is declared correctly",
+    )
+
+
+def _fmt(bounds) -> str:
+    return "(" + ", ".join(f"{v:.6g}" for v in bounds) + ")"
+
+
+class _ShardWriter:
+    """Collects chips and writes them in shards of at most ``size`` chips."""
+
+    def __init__(self, root: Path, scene: str, size: int):
+        self.root, self.scene, self.size = root, scene, size
+        self.pre: list[np.ndarray] = []
+        self.post: list[np.ndarray] = []
+        self.pending: list[dict] = []
+        self.count = 0
+
+    def add(self, row: dict, pre: np.ndarray, post: np.ndarray) -> None:
+        row["index"] = len(self.pre)
+        self.pending.append(row)
+        self.pre.append(pre)
+        self.post.append(post)
+        if len(self.pre) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pre:
+            return
+        pre_file, post_file = write_shard(
+            self.root, f"{self.scene}-{self.count:03d}", np.stack(self.pre), np.stack(self.post)
+        )
+        for row in self.pending:
+            row["pre_file"], row["post_file"] = pre_file, post_file
+        self.count += 1
+        self.pre, self.post, self.pending = [], [], []
+
+
+def prepare_scene(
+    pre_paths: Sequence[str | os.PathLike],
+    post_paths: Sequence[str | os.PathLike],
+    buildings: str | os.PathLike,
+    out: str | os.PathLike,
+    spec: ChipSpec | None = None,
+    label_field: str | None = None,
+    event: str | None = None,
+    *,
+    block_size: int = BLOCK_SIZE,
+    shard_size: int = SHARD_SIZE,
+    progress: bool = True,
+) -> PrepareReport:
+    """Cut the chip pairs of every building of a scene into the chip store ``out``.
+
+    Unusable tiles and buildings are skipped and listed in the report. A problem that leaves
+    nothing to do (no usable pre or post tile, an unreadable or empty footprint file, an unknown
+    label field, footprints outside the imagery) is recorded in the report too, with no chips and
+    the existing store left untouched, so the exit code says the run failed.
+
+    Args:
+        pre_paths: pre-disaster GeoTIFF tiles (any CRS and resolution).
+        post_paths: post-disaster GeoTIFF tiles (any CRS and resolution).
+        buildings: footprint file (GeoJSON, GeoPackage or Shapefile, any CRS).
+        out: chip store folder.
+        spec: chip specification (default ``ChipSpec()``).
+        label_field: footprint attribute holding the damage label; None for unlabelled chips.
+        event: event and scene name for the manifest (default: the footprint file's stem).
+        block_size: side in grid pixels of the squares whose buildings share one read.
+        shard_size: most chips per shard file.
+        progress: show a progress bar over buildings.
+
+    Returns:
+        The report: chips per class, buildings not covered, items skipped with the reason.
+    """
+    spec = spec or ChipSpec()
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be positive, got {shard_size}")
+    report = PrepareReport()
+    name = (event or Path(buildings).stem).strip() or "scene"
+    out = Path(out)
+    try:
+        scene = open_scene(pre_paths, post_paths)
+    except SceneError as exc:
+        report.skip(exc.item, exc.reason)
+        return report
+    with scene:
+        report.skipped.extend(scene.skipped)
+        try:
+            footprints = load_footprints(buildings, scene.grid.crs, label_field=label_field)
+            check_overlap(footprints, scene)
+        except SceneError as exc:
+            report.skip(exc.item, exc.reason)
+            return report
+        report.skipped.extend(footprints.skipped)
+
+        start_store(out)
+        writer = _ShardWriter(out, name, shard_size)
+        rows: list[tuple[int, dict]] = []
+        for b in iter_building_chips(
+            scene, footprints, spec, block_size=block_size, progress=progress
+        ):
+            if b.status == NOT_COVERED:
+                report.not_covered += 1
+                continue
+            if b.status == SKIPPED:
+                report.skip(f"{footprints.path} feature {b.uid}", b.reason)
+                continue
+            row = {
+                "chip_id": f"{name}:{b.uid}",
+                "event": name,
+                "tile": name,
+                "uid": b.uid,
+                "label": b.label,
+                "label_name": CLASS_NAMES[b.label] if b.label >= 0 else "",
+                "bbox_minx": round(b.bbox[0], 3),
+                "bbox_miny": round(b.bbox[1], 3),
+                "bbox_maxx": round(b.bbox[2], 3),
+                "bbox_maxy": round(b.bbox[3], 3),
+                "win_col": b.window.col_off,
+                "win_row": b.window.row_off,
+                "win_size": b.window.size,
+                "lon": round(b.lon, 7),
+                "lat": round(b.lat, 7),
+            }
+            writer.add(row, b.pre, b.post)
+            rows.append((b.index, row))
+            report.add_chip(name, b.label)
+        writer.flush()
+        report.skipped.extend([*scene.pre.skipped, *scene.post.skipped])
+        meta = {
+            "spec": spec.to_dict(),
+            "source": "scene",
+            "inputs": {
+                "pre": [str(p) for p in pre_paths],
+                "post": [str(p) for p in post_paths],
+                "buildings": str(buildings),
+                "label_field": label_field,
+                "event": name,
+            },
+            "crs": scene.grid.crs.to_string(),
+            "grid": scene.grid.to_dict(),
+            "report": report.to_dict(),
+        }
+        write_manifest(out, [row for _, row in sorted(rows, key=lambda r: r[0])], meta)
+    return report

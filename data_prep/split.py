@@ -1,0 +1,247 @@
+"""Cross-validation folds for a chip store: `local-damage split`.
+
+Folds are formed from whole tiles, never from single buildings, so that neighbouring buildings of
+one image (which share look, date and often damage) never sit on both sides of a split:
+
+- ``by="tile"``: k folds of tiles, stratified by class as far as whole tiles allow. The
+  assignment is the greedy of scikit-learn's ``StratifiedGroupKFold`` (each tile goes to the fold
+  where it least unbalances the per-class shares, ties to the smallest fold; each chip's label is
+  its stratum, unlabelled chips a stratum of their own), with the tiles taken in a seeded random
+  order that still favours large, unbalanced tiles first. ``StratifiedGroupKFold`` itself sorts
+  tiles by their class imbalance and uses its shuffle only to break exact ties, so with real tiles
+  every seed gives the same folds; here each seed gives its own, equally stratified folds.
+- ``by="event"``: leave one event out; fold ``i`` is the ``i``-th event in sorted order.
+
+The result is ``CHIPS/splits.csv`` with columns chip_id, tile, event, fold, in manifest order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data_prep.spec import CLASS_NAMES
+from data_prep.store import atomic_path, read_manifest
+
+SPLITS = "splits.csv"
+SPLIT_COLUMNS = ("chip_id", "tile", "event", "fold")
+BY_CHOICES = ("tile", "event")
+
+
+def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
+    """Assign every chip of a manifest to a fold.
+
+    Args:
+        manifest: DataFrame with at least chip_id, tile, event and label (``read_manifest``).
+        folds: number of folds for ``by="tile"`` (ignored for ``by="event"``).
+        by: ``"tile"`` (grouped, stratified k-fold) or ``"event"`` (leave one event out).
+        seed: random seed for the order in which tiles are dealt to folds.
+
+    Returns:
+        DataFrame with columns chip_id, tile, event, fold (int), one row per chip in manifest
+        order.
+
+    Raises:
+        ValueError: for an unknown ``by``, fewer than 2 folds, fewer tiles than folds, fewer than
+            2 events for ``by="event"``, or a tile listed under two events.
+    """
+    import pandas as pd
+
+    if by not in BY_CHOICES:
+        raise ValueError(f"unknown split --by {by!r}: expected one of {', '.join(BY_CHOICES)}")
+    if len(manifest) == 0:
+        raise ValueError("the manifest has no chips to split")
+    frame = manifest[["chip_id", "tile", "event"]].copy()
+    if frame["chip_id"].duplicated().any():
+        dup = frame.loc[frame["chip_id"].duplicated(), "chip_id"].iloc[0]
+        raise ValueError(f"chip_id {dup!r} appears more than once in the manifest")
+    events_per_tile = frame.groupby("tile")["event"].nunique()
+    if (events_per_tile > 1).any():
+        tile = events_per_tile[events_per_tile > 1].index[0]
+        raise ValueError(
+            f"tile {tile!r} appears under more than one event; tiles must belong to one event"
+        )
+
+    if by == "event":
+        events = sorted(frame["event"].unique())
+        if len(events) < 2:
+            raise ValueError(
+                f"leave-one-event-out needs at least 2 events, the store has {len(events)} "
+                f"({', '.join(events)}); use --by tile"
+            )
+        index = {e: i for i, e in enumerate(events)}
+        frame["fold"] = frame["event"].map(index).astype(int)
+        return frame.reset_index(drop=True)
+
+    if folds < 2:
+        raise ValueError(f"--folds must be at least 2, got {folds}")
+    tiles = frame["tile"].unique()
+    if len(tiles) < folds:
+        raise ValueError(
+            f"{folds} folds need at least {folds} tiles, the store has {len(tiles)}; "
+            "use fewer --folds (or more tiles)"
+        )
+    fold = stratified_group_folds(
+        manifest["label"].to_numpy(), frame["tile"].to_numpy(), folds, seed
+    )
+    if len(np.unique(fold)) < folds:
+        raise ValueError(
+            f"could not deal the {len(tiles)} tiles into {folds} non-empty folds; use fewer --folds"
+        )
+    frame["fold"] = pd.Series(fold, index=frame.index).astype(int)
+    return frame.reset_index(drop=True)
+
+
+def stratified_group_folds(
+    labels: np.ndarray, groups: np.ndarray, folds: int, seed: int
+) -> np.ndarray:
+    """Fold of every sample such that no group spans two folds and class shares stay even.
+
+    Args:
+        labels: [N] class of each sample (any hashable values).
+        groups: [N] group (tile) of each sample.
+        folds: number of folds.
+        seed: seed of the order in which groups are dealt.
+
+    Returns:
+        [N] int fold index per sample, in 0..folds-1.
+    """
+    classes, y = np.unique(labels, return_inverse=True)
+    names, g = np.unique(groups, return_inverse=True)
+    counts = np.zeros((len(names), len(classes)))
+    np.add.at(counts, (g, y), 1)
+    totals = counts.sum(axis=0)
+    rng = np.random.default_rng(seed)
+    # scikit-learn's order (most unbalanced groups first), jittered by the seed
+    order = np.argsort(-counts.std(axis=1) * rng.lognormal(0.0, 0.5, len(names)), kind="stable")
+    per_fold = np.zeros((folds, len(classes)))
+    group_fold = np.zeros(len(names), dtype=int)
+    for gi in order:
+        best, best_key = 0, None
+        for f in range(folds):
+            per_fold[f] += counts[gi]
+            spread = float(np.mean(np.std(per_fold / totals, axis=0)))
+            per_fold[f] -= counts[gi]
+            key = (round(spread, 12), per_fold[f].sum())
+            if best_key is None or key < best_key:
+                best, best_key = f, key
+        group_fold[gi] = best
+        per_fold[best] += counts[gi]
+    return group_fold[g]
+
+
+def split_summary(splits, manifest) -> str:
+    """A short table: chips, tiles and chips per class in each fold."""
+    merged = splits.merge(manifest[["chip_id", "label"]], on="chip_id", how="left")
+    names = list(CLASS_NAMES) + (["unlabelled"] if (merged["label"] < 0).any() else [])
+    header = f"{'fold':>4} {'tiles':>5} {'chips':>6} " + " ".join(f"{n:>13}" for n in names)
+    lines = [header]
+    for k, part in merged.groupby("fold"):
+        counts = [int((part["label"] == c).sum()) for c in range(len(CLASS_NAMES))]
+        if len(names) > len(CLASS_NAMES):
+            counts.append(int((part["label"] < 0).sum()))
+        events = ",".join(sorted(part["event"].unique())) if part["event"].nunique() <= 2 else ""
+        lines.append(
+            f"{k:>4} {part['tile'].nunique():>5} {len(part):>6} "
+            + " ".join(f"{c:>13}" for c in counts)
+            + (f"  {events}" if events else "")
+        )
+    return "\n".join(lines)
+
+
+def make_splits(
+    chips: str | os.PathLike,
+    folds: int = 5,
+    by: str = "tile",
+    seed: int = 0,
+    *,
+    verbose: bool = True,
+) -> Path:
+    """Write ``CHIPS/splits.csv`` atomically and print a per-fold summary to stderr.
+
+    Args:
+        chips: chip store folder (with manifest.csv).
+        folds: number of folds for ``by="tile"``.
+        by: ``"tile"`` or ``"event"`` (see :func:`assign_folds`).
+        seed: random seed; the same seed gives the same folds.
+        verbose: print the summary to stderr.
+
+    Returns:
+        Path of the written splits.csv.
+
+    Raises:
+        FileNotFoundError: when the store has no manifest.
+        ValueError: as :func:`assign_folds`, prefixed with the store path.
+    """
+    root = Path(chips)
+    manifest = read_manifest(root)
+    try:
+        splits = assign_folds(manifest, folds=folds, by=by, seed=seed)
+    except ValueError as exc:
+        raise ValueError(f"{root}: {exc}") from exc
+    out = root / SPLITS
+    with atomic_path(out, suffix=".csv") as tmp:
+        splits.to_csv(tmp, index=False, columns=list(SPLIT_COLUMNS))
+    if verbose:
+        what = f"{splits['fold'].nunique()} folds by {by}" + (
+            f" (seed {seed})" if by == "tile" else ""
+        )
+        print(f"{len(splits)} chips in {what}:", file=sys.stderr)
+        print(split_summary(splits, manifest), file=sys.stderr)
+    return out
+
+
+def load_splits(chips: str | os.PathLike):
+    """``CHIPS/splits.csv`` as a DataFrame (chip_id, tile, event as str; fold as int).
+
+    Raises:
+        FileNotFoundError: when the store has no splits yet.
+        ValueError: when the file lacks a column, or lists chips the manifest does not have (the
+            store was prepared again after splitting).
+    """
+    import pandas as pd
+
+    root = Path(chips)
+    path = root / SPLITS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no splits; run `local-damage split {root}` first")
+    df = pd.read_csv(path, dtype={"chip_id": str, "tile": str, "event": str}, keep_default_na=False)
+    missing = [c for c in SPLIT_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{path}: missing column(s) {', '.join(missing)}; run `local-damage split` again"
+        )
+    df["fold"] = df["fold"].astype(int)
+    manifest_path = root / "manifest.csv"
+    if manifest_path.is_file():
+        known = set(read_manifest(root)["chip_id"])
+        stale = [c for c in df["chip_id"] if c not in known]
+        if stale:
+            raise ValueError(
+                f"{path}: {len(stale)} chip(s) (e.g. {stale[0]!r}) are not in the manifest; the store "
+                f"was prepared again after splitting: run `local-damage split {root}` again"
+            )
+    return df
+
+
+def fold_indices(chips: str | os.PathLike, fold: int) -> tuple[list[str], list[str]]:
+    """Chip ids for training and validation when holding out ``fold``.
+
+    Returns:
+        ``(train_ids, val_ids)``: chip_id lists in splits order; validation is every chip of
+        ``fold``, training every other chip.
+
+    Raises:
+        ValueError: when ``fold`` is not one of the folds in splits.csv.
+    """
+    df = load_splits(chips)
+    available = sorted(df["fold"].unique())
+    if fold not in available:
+        raise ValueError(
+            f"{Path(chips) / SPLITS}: no fold {fold}; the folds are {', '.join(map(str, available))}"
+        )
+    val = df["fold"].to_numpy() == fold
+    return df.loc[~val, "chip_id"].tolist(), df.loc[val, "chip_id"].tolist()
