@@ -1,0 +1,37 @@
+"""Evaluation metrics: per-building classification scores and representation-space geometry.
+
+NumPy, SciPy and scikit-learn only (matplotlib inside the plot functions): no torch, so the
+ONNX-based evaluation path can use them.
+"""
+
+from local_damage.metrics.classification import (
+    classification_metrics,
+    harmonic_mean,
+    plot_confusion_matrix,
+)
+from local_damage.metrics.representation import (
+    CLASS_COLOURS,
+    class_alignment_consistency,
+    class_alignment_distance,
+    class_mean_gram,
+    gaussian_potential_uniformity,
+    plot_embedding_tsne,
+    representation_metrics,
+    sample_alignment_accuracy,
+    sample_alignment_distance,
+)
+
+__all__ = [
+    "CLASS_COLOURS",
+    "class_alignment_consistency",
+    "class_alignment_distance",
+    "class_mean_gram",
+    "classification_metrics",
+    "gaussian_potential_uniformity",
+    "harmonic_mean",
+    "plot_confusion_matrix",
+    "plot_embedding_tsne",
+    "representation_metrics",
+    "sample_alignment_accuracy",
+    "sample_alignment_distance",
+]
