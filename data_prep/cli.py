@@ -96,10 +96,15 @@ def _run_split(args: argparse.Namespace) -> int:
 
 def _run_bench_prepare(args: argparse.Namespace) -> int:
     from data_prep.bench import bench_prepare
+    from data_prep.xbd import XbdRootError
 
-    bench_prepare(
-        args.root, spec=_spec(args), workers=args.workers, limit=args.limit, as_json=args.json
-    )
+    try:
+        bench_prepare(
+            args.root, spec=_spec(args), workers=args.workers, limit=args.limit, as_json=args.json
+        )
+    except XbdRootError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -52,6 +52,15 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
 )
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ""):
     """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
@@ -59,6 +68,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield Path(tmp)
         os.replace(tmp, path)

@@ -75,24 +75,26 @@ def crop_boundless(image: np.ndarray, window: ChipWindow, fill: int = 0) -> np.n
 
 
 def resize_chip(chip: np.ndarray, chip_size: int) -> np.ndarray:
-    """Resample an [S, S, C] uint8 chip to ``chip_size`` x ``chip_size``.
+    """Resample an [S, S, C] uint8 chip to ``chip_size`` x ``chip_size``, without aliasing.
 
-    Area averaging when shrinking (no aliasing), bilinear when enlarging.
+    - Enlarging, or shrinking by less than 2x: bilinear (below 2x every source pixel still
+      contributes to the output).
+    - Shrinking by 2x or more: bilinear to the nearest smaller integer multiple ``k * chip_size``
+      (a ratio below 2), then area averaging by the integer factor ``k``. This matches plain area
+      resampling to within a few grey levels at a fraction of its cost: OpenCV's area resampling
+      at a non-integer ratio is about 5x slower than either step.
     """
     import cv2
 
-    if chip.shape[0] == chip_size and chip.shape[1] == chip_size:
+    size = chip.shape[0]
+    if size == chip_size and chip.shape[1] == chip_size:
         return np.ascontiguousarray(chip)
-    if chip.shape[0] <= chip_size:
+    factor = size // chip_size
+    if factor < 2:
         return cv2.resize(chip, (chip_size, chip_size), interpolation=cv2.INTER_LINEAR)
-    if chip.dtype == np.uint8 and chip.shape[0] % chip_size and 4 * chip.shape[0] >= 5 * chip_size:
-        # OpenCV's area resampling of uint8 at a non-integer ratio runs a slow generic path; from
-        # a ratio of 1.25 its float32 path computes the same float sums ~1.3x faster including the
-        # conversions, and rounding them gives the same uint8 values (tests/test_windows.py).
-        out = cv2.resize(
-            chip.astype(np.float32), (chip_size, chip_size), interpolation=cv2.INTER_AREA
-        )
-        return np.rint(out, out=out).astype(np.uint8)
+    if size != factor * chip_size:
+        side = factor * chip_size
+        chip = cv2.resize(chip, (side, side), interpolation=cv2.INTER_LINEAR)
     return cv2.resize(chip, (chip_size, chip_size), interpolation=cv2.INTER_AREA)
 
 

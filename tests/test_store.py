@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,12 @@ def test_start_store_removes_old_manifest(tmp_path):
     assert (root / pre_file).is_file()  # shards stay until overwritten
     with pytest.raises(FileNotFoundError, match="no manifest"):
         read_manifest(root)
+
+
+def test_atomic_path_gives_usual_permissions(tmp_path):
+    target = tmp_path / "out.txt"
+    with atomic_path(target) as tmp:
+        tmp.write_text("x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (target.stat().st_mode & 0o777) == (0o666 & ~mask)
