@@ -15,6 +15,8 @@ from local_damage import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from data_prep import cli as data_prep_cli
+    from local_damage import geometry
+    from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
         prog="local-damage",
@@ -23,8 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"local-damage {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     data_prep_cli.register(sub)
+    geometry.add_parser(sub)
+    train_cli.add_parser(sub)
 
-    bench = sub.add_parser("bench", help="performance benchmarks that print figures", description="Benchmarks: each prints its figures with ratios against a baseline measured in the same run.")
+    bench = sub.add_parser(
+        "bench",
+        help="performance benchmarks that print figures",
+        description="Benchmarks: each prints its figures with ratios against a baseline measured in the same run.",
+    )
     bench_sub = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
     data_prep_cli.register_bench(bench_sub)
     return parser
