@@ -1,0 +1,146 @@
+"""Chip pairs from a chip store as training batches: dataset, augmentation and sampling.
+
+Augmentation (albumentations) applies the same geometry (flips, 90-degree rotations, small
+affine scale/rotation) to pre and post, so the pair stays aligned, while photometric changes
+(brightness, contrast, hue, blur, noise) are drawn independently for each image, as two
+acquisitions differ in light and sensor. Every sample is resized to the model's input size.
+Images stay uint8 until they reach the model (see :func:`normalize`), which keeps loader
+memory and inter-process traffic small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, WeightedRandomSampler
+
+from data_prep.store import ChipReader, read_manifest
+
+#: Per-channel mean and std (0-255 scale) used to normalise RGB chips inside the model graph.
+MEAN = (123.675, 116.28, 103.53)
+STD = (58.395, 57.12, 57.375)
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (or float 0-255) [B, 3, H, W] to the model's normalised float input."""
+    mean = torch.tensor(MEAN, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=x.device, dtype=torch.float32).view(1, 3, 1, 1)
+    return (x.float() - mean) / std
+
+
+def build_transforms(input_size: int, augment: bool):
+    """(paired geometric transform, per-image photometric transform or None)."""
+    import albumentations as A
+    import cv2
+
+    resize = A.Resize(input_size, input_size, interpolation=cv2.INTER_LINEAR)
+    if not augment:
+        return A.Compose([resize], additional_targets={"post": "image"}), None
+    geometric = A.Compose(
+        [
+            A.HorizontalFlip(p=0.5),
+            A.VerticalFlip(p=0.5),
+            A.RandomRotate90(p=0.5),
+            A.Affine(
+                scale=(0.9, 1.1), rotate=(-15, 15), border_mode=cv2.BORDER_CONSTANT, fill=0, p=0.5
+            ),
+            resize,
+        ],
+        additional_targets={"post": "image"},
+    )
+    photometric = A.Compose(
+        [
+            A.RandomBrightnessContrast(brightness_limit=0.15, contrast_limit=0.15, p=0.5),
+            A.HueSaturationValue(hue_shift_limit=5, sat_shift_limit=10, val_shift_limit=5, p=0.3),
+            A.GaussianBlur(blur_limit=(3, 3), p=0.1),
+        ]
+    )
+    return geometric, photometric
+
+
+class ChipPairDataset(Dataset):
+    """Pre/post chip pairs of a chip store.
+
+    Each item is ``(pre, post, label)``: uint8 tensors [3, S, S] at ``input_size`` and the int
+    label (-1 when unlabelled). Augmentation is seeded per (seed, epoch, index), so a run is
+    reproducible whatever the number of loader workers; call :meth:`set_epoch` each epoch.
+    """
+
+    def __init__(
+        self,
+        chips: str | Path,
+        chip_ids: Sequence[str] | None = None,
+        input_size: int = 128,
+        augment: bool = False,
+        seed: int = 0,
+    ):
+        self.root = Path(chips)
+        frame = read_manifest(self.root)
+        if chip_ids is not None:
+            wanted = set(chip_ids)
+            missing = wanted - set(frame["chip_id"])
+            if missing:
+                raise KeyError(
+                    f"{self.root}: {len(missing)} chip id(s) not in the manifest, e.g. {sorted(missing)[:3]}"
+                )
+            frame = frame[frame["chip_id"].isin(wanted)]
+        self.frame = frame.reset_index(drop=True)
+        self.records = self.frame.to_dict("records")
+        self.labels = self.frame["label"].to_numpy(dtype=np.int64)
+        self.input_size = int(input_size)
+        self.augment = bool(augment)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._reader: ChipReader | None = None
+        self.geometric, self.photometric = build_transforms(self.input_size, self.augment)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        if self._reader is None:  # opened lazily, once per loader worker
+            self._reader = ChipReader(self.root)
+        pre, post = self._reader.pair(self.records[index])
+        if self.augment:
+            sample_seed = (self.seed * 1_000_003 + self.epoch * 100_003 + index) % (2**31)
+            self.geometric.set_random_seed(sample_seed)
+            out = self.geometric(image=pre, post=post)
+            pre, post = out["image"], out["post"]
+            self.photometric.set_random_seed(sample_seed + 1)
+            pre = self.photometric(image=pre)["image"]
+            self.photometric.set_random_seed(sample_seed + 2)
+            post = self.photometric(image=post)["image"]
+        else:
+            out = self.geometric(image=pre, post=post)
+            pre, post = out["image"], out["post"]
+        to_chw = lambda a: torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))  # noqa: E731
+        return to_chw(pre), to_chw(post), int(self.labels[index])
+
+
+def class_counts(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Number of samples per class (labels < 0 ignored)."""
+    labels = np.asarray(labels)
+    return np.bincount(labels[labels >= 0], minlength=num_classes)[:num_classes]
+
+
+def balanced_sampler(
+    labels: np.ndarray, num_classes: int, seed: int, num_samples: int | None = None
+) -> WeightedRandomSampler:
+    """A sampler drawing each class equally often (with replacement), seeded."""
+    labels = np.asarray(labels)
+    counts = class_counts(labels, num_classes).astype(np.float64)
+    per_class = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0)
+    weights = np.where(labels >= 0, per_class[np.clip(labels, 0, num_classes - 1)], 0.0)
+    generator = torch.Generator().manual_seed(int(seed))
+    return WeightedRandomSampler(
+        torch.as_tensor(weights, dtype=torch.double),
+        num_samples or len(labels),
+        replacement=True,
+        generator=generator,
+    )

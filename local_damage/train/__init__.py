@@ -1,0 +1,1 @@
+"""Training: config, loop, checkpoints and data-parallel helpers."""

@@ -1,0 +1,109 @@
+"""The training config: one dataclass per section, loaded from YAML (see local_damage.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from local_damage.losses.objective import LossConfig
+from local_damage.models.local_net import ModelConfig
+
+
+@dataclass
+class DataConfig:
+    """How chips become batches.
+
+    Attributes:
+        input_size: side of the model input in pixels (chips are resized to it).
+        augment: paired geometric and per-image photometric augmentation for training.
+        balanced_sampling: draw each class equally often (with replacement) instead of uniformly.
+        num_workers: DataLoader worker processes (0 = load in the training process).
+    """
+
+    input_size: int = 128
+    augment: bool = True
+    balanced_sampling: bool = False
+    num_workers: int = 0
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and learning-rate schedule.
+
+    Attributes:
+        optimizer: "adamw" or "sgd".
+        lr: peak learning rate.
+        weight_decay: decoupled (AdamW) or L2 (SGD) weight decay.
+        momentum: SGD momentum.
+        schedule: "cosine" (to 0 over the epochs), "step" (x gamma every step_size epochs) or "constant".
+        warmup_epochs: linear warm-up epochs before the schedule.
+        step_size: epochs between decays of the step schedule.
+        gamma: decay factor of the step schedule.
+        grad_clip: max gradient norm (0 = no clipping).
+    """
+
+    optimizer: str = "adamw"
+    lr: float = 3e-4
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    schedule: str = "cosine"
+    warmup_epochs: int = 0
+    step_size: int = 10
+    gamma: float = 0.1
+    grad_clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optim.optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        if self.schedule not in ("cosine", "step", "constant"):
+            raise ValueError(
+                f"optim.schedule must be 'cosine', 'step' or 'constant', got {self.schedule!r}"
+            )
+
+
+@dataclass
+class TrainConfig:
+    """The loop.
+
+    Attributes:
+        epochs: maximum number of epochs.
+        batch_size: pairs per step per process (the paper's "BS").
+        seed: seed of weights init, sampling and augmentation.
+        deterministic: ask PyTorch for deterministic kernels (slower on GPU).
+        amp: mixed precision: "auto" (bf16 on CUDA when supported, else fp16; off on CPU),
+            "bf16", "fp16" or "off". On CPU "bf16" runs autocast on the CPU.
+        device: "auto", "cpu" or "cuda[:N]".
+        patience: stop after this many epochs without a better validation macro-F1 (0 = never).
+        freeze_encoder_epochs: keep the encoder frozen for the first epochs (fine-tuning with --init).
+        max_steps_per_epoch: cap on steps per epoch (0 = the whole training set).
+        eval_batch_size: batch size for validation.
+    """
+
+    epochs: int = 20
+    batch_size: int = 8
+    seed: int = 0
+    deterministic: bool = False
+    amp: str = "auto"
+    device: str = "auto"
+    patience: int = 5
+    freeze_encoder_epochs: int = 0
+    max_steps_per_epoch: int = 0
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.amp not in ("auto", "bf16", "fp16", "off"):
+            raise ValueError(f"train.amp must be auto, bf16, fp16 or off, got {self.amp!r}")
+        if self.batch_size < 2:
+            raise ValueError(
+                f"train.batch_size must be at least 2 for contrastive pairs, got {self.batch_size}"
+            )
+
+
+@dataclass
+class Config:
+    """A whole training run: model, loss, data, optimiser and loop."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
