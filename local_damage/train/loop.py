@@ -183,7 +183,8 @@ def train(
         )
     num_classes = cfg.model.num_classes
     if cfg.data.balanced_sampling:
-        sampler = balanced_sampler(train_ds.labels, num_classes, cfg.train.seed)
+        per_replica = len(train_ds) // dist_info.world_size
+        sampler = balanced_sampler(train_ds.labels, num_classes, cfg.train.seed, per_replica)
     elif dist_info.enabled:
         sampler = torch.utils.data.DistributedSampler(
             train_ds, dist_info.world_size, dist_info.rank, shuffle=True, seed=cfg.train.seed
@@ -248,6 +249,7 @@ def train(
         save_yaml(cfg, out / "config.yaml")
         (out / METRICS_CSV).unlink(missing_ok=True)
 
+    writer = _tensorboard_writer(out) if dist_info.is_main else None
     fields = [
         "epoch",
         "alpha",
@@ -268,7 +270,13 @@ def train(
         train_ds.set_epoch(epoch)
         if isinstance(sampler, torch.utils.data.DistributedSampler):
             sampler.set_epoch(epoch)
+        else:  # the epoch's draw depends on (seed, epoch) only, so --resume repeats it exactly
+            sampler.generator.manual_seed(
+                cfg.train.seed * 1_000_003 + epoch * 1009 + dist_info.rank
+            )
         ddp_model.train()
+        if epoch < cfg.train.freeze_encoder_epochs:
+            model.encoder.eval()  # frozen means batch-norm statistics too
         reset_peak(device)
         sums: dict[str, float] = {}
         steps, t0 = 0, time.perf_counter()
@@ -361,6 +369,10 @@ def train(
                 },
             )
             _append_csv(out / METRICS_CSV, fields, row)
+            if writer is not None:
+                for k, v in row.items():
+                    if k != "epoch" and isinstance(v, int | float) and v == v:
+                        writer.add_scalar(k, v, epoch)
             if progress:
                 shown = ", ".join(
                     f"{k} {row[k]:.4g}"
@@ -383,7 +395,12 @@ def train(
                 print(f"early stop: no better validation macro-F1 for {stale} epochs")
             break
 
+    from data_prep.store import read_meta
+
     summary = {
+        "chip_spec": read_meta(chips).get("spec"),
+        "chips": str(chips),
+        "events": sorted(set(train_ds.frame["event"])),
         "best_epoch": best_epoch,
         "best_val_macro_f1": best_score if val_loader is not None else None,
         "fold": fold,
@@ -394,13 +411,29 @@ def train(
         "world_size": dist_info.world_size,
         "device": str(device),
     }
+    if dist_info.enabled:  # replicas must hold identical weights; record the evidence
+        checksum = torch.tensor([float(sum(p.detach().double().sum() for p in model.parameters()))])
+        gathered = [torch.zeros(1, dtype=checksum.dtype) for _ in range(dist_info.world_size)]
+        torch.distributed.all_gather(gathered, checksum)
+        summary["replica_checksums"] = [float(g.item()) for g in gathered]
     if dist_info.is_main:
         from data_prep.store import write_json
 
         write_json(out / SUMMARY, summary)
         _plot_curves(out)
+    if writer is not None:
+        writer.close()
     cleanup(dist_info)
     return summary
+
+
+def _tensorboard_writer(run: Path):
+    """A TensorBoard writer into RUN/tensorboard when tensorboard is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=str(run / "tensorboard"))
 
 
 def _append_csv(path: Path, fields: list[str], row: dict[str, Any]) -> None:

@@ -1,0 +1,197 @@
+"""Training: config handling, determinism, exact resume, fine-tuning, run folder, DDP replicas."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from local_damage.cli import main
+from local_damage.config import ConfigError, load_yaml
+from local_damage.train.config import Config
+from local_damage.train.loop import train
+
+TINY = [
+    "model.encoder=resnet18",
+    "model.proj_hidden=32",
+    "model.cls_hidden=32",
+    "model.embed_dim=16",
+    "model.latent_size=4",
+    "data.input_size=32",
+    "train.batch_size=4",
+    "train.epochs=1",
+    "train.max_steps_per_epoch=3",
+    "optim.schedule=constant",
+]
+
+
+@pytest.fixture(scope="module")
+def chips(synthetic_xbd, tmp_path_factory) -> Path:
+    from data_prep.split import make_splits
+    from data_prep.xbd import prepare_xbd
+
+    out = tmp_path_factory.mktemp("chips")
+    prepare_xbd([synthetic_xbd], out, progress=False)
+    make_splits(out, folds=3, seed=0, verbose=False)
+    return out
+
+
+def tiny(*extra: str) -> Config:
+    return load_yaml(Config, None, [*TINY, *extra])
+
+
+def test_yaml_unknown_key_and_bad_value_are_clear_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epochs: 2\n  batch_sise: 8\n")
+    with pytest.raises(ConfigError, match="batch_sise"):
+        load_yaml(Config, bad)
+    with pytest.raises(ConfigError, match="train.epochs"):
+        load_yaml(Config, None, ["train.epochs=many"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_yaml(Config, None, ["model.nope=1"])
+    assert (
+        main(
+            ["train", "--config", str(bad), "--chips", str(tmp_path), "--out", str(tmp_path / "r")]
+        )
+        == 2
+    )
+    assert "batch_sise" in capsys.readouterr().err
+
+
+def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
+    run = tmp_path / "run"
+    summary = train(tiny("train.epochs=2"), chips, run, fold=0, progress=False)
+    for name in ("config.yaml", "best.safetensors", "metrics.csv", "summary.json", "curves.png"):
+        assert (run / name).is_file(), name
+    assert (run / "checkpoints" / "last" / "model.safetensors").is_file()
+    saved = load_yaml(Config, run / "config.yaml")
+    assert saved.model.encoder == "resnet18" and saved.train.epochs == 2
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert list(metrics["epoch"]) == [0, 1]
+    assert metrics["val_macro_f1"].between(0, 1).all() and (metrics["peak_memory_mb"] > 0).all()
+    assert np.isfinite(metrics["train_loss"]).all()
+    assert summary["chip_spec"]["chip_size"] == 128
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["best_epoch"] == summary["best_epoch"]
+    assert on_disk["best_val_macro_f1"] == pytest.approx(metrics["val_macro_f1"].max())
+
+
+def test_same_seed_same_first_epoch_loss(chips, tmp_path):
+    losses = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        train(tiny(f"train.seed={seed}"), chips, tmp_path / name, fold=0, progress=False)
+        losses.append(pd.read_csv(tmp_path / name / "metrics.csv")["train_loss"].iloc[0])
+    assert losses[0] == losses[1]
+    assert losses[0] != losses[2]
+
+
+def test_resume_continues_exactly(chips, tmp_path):
+    straight = tmp_path / "straight"
+    train(tiny("train.epochs=2"), chips, straight, fold=0, progress=False)
+    split = tmp_path / "split"
+    train(tiny("train.epochs=1"), chips, split, fold=0, progress=False)
+    argv = ["train", "--chips", str(chips), "--out", str(split), "--fold", "0", "--resume"]
+    assert main([*argv, "--set", "train.epochs=2", "--quiet"]) == 0
+    a = load_file(str(straight / "checkpoints/last/model.safetensors"))
+    b = load_file(str(split / "checkpoints/last/model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
+    la = pd.read_csv(straight / "metrics.csv")["train_loss"].to_numpy()
+    lb = pd.read_csv(split / "metrics.csv")["train_loss"].to_numpy()
+    np.testing.assert_allclose(la, lb, rtol=1e-6)
+
+
+def test_init_with_frozen_encoder_keeps_encoder_and_trains_heads(chips, tmp_path):
+    base = tmp_path / "base"
+    train(tiny(), chips, base, fold=0, progress=False)
+    tuned = tmp_path / "tuned"
+    train(tiny("train.freeze_encoder_epochs=1"), chips, tuned, fold=0, init=base, progress=False)
+    a = load_file(str(base / "best.safetensors"))
+    b = load_file(str(tuned / "checkpoints/last/model.safetensors"))
+    encoder = [k for k in a if k.startswith("encoder.")]
+    heads = [
+        k for k in a if k.startswith(("classifier", "projection")) and a[k].is_floating_point()
+    ]
+    assert encoder and heads
+    for key in encoder:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    assert any(not torch.equal(a[k], b[k]) for k in heads)
+
+
+def test_init_from_missing_run_is_a_clear_error(chips, tmp_path, capsys):
+    argv = [
+        "train",
+        "--chips",
+        str(chips),
+        "--out",
+        str(tmp_path / "r"),
+        "--init",
+        str(tmp_path / "none"),
+    ]
+    assert main([*argv, "--set", "train.epochs=1", "--quiet"]) == 2
+    assert "none" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ("train.amp=bf16",),
+        ("model.gradient_checkpointing=true", "model.channels_last=true"),
+        ("loss.method=scl", "data.balanced_sampling=true"),
+        ("loss.method=ce", "optim.optimizer=sgd", "optim.schedule=step"),
+    ],
+)
+def test_memory_options_and_methods_train(chips, tmp_path, options):
+    summary = train(
+        tiny("train.max_steps_per_epoch=1", *options), chips, tmp_path / "r", fold=0, progress=False
+    )
+    assert np.isfinite(pd.read_csv(tmp_path / "r" / "metrics.csv")["train_loss"]).all()
+    if "loss.method=scl" in options:  # the SCL baseline has no latent module
+        assert summary["config"]["loss"]["method"] == "scl"
+        assert not any(
+            k.startswith("latent") for k in load_file(str(tmp_path / "r" / "best.safetensors"))
+        )
+
+
+def test_ddp_two_cpu_processes_keep_identical_replicas(chips, tmp_path):
+    run = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [
+        "-m",
+        "local_damage.cli",
+        "train",
+        "--chips",
+        str(chips),
+        "--out",
+        str(run),
+        "--fold",
+        "0",
+        "--quiet",
+    ]
+    for item in TINY:
+        cmd += ["--set", item]
+    cmd += [
+        "--set",
+        "train.max_steps_per_epoch=2",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "train.batch_size=2",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    a, b = summary["replica_checksums"]
+    assert a == b
+    assert np.isfinite(pd.read_csv(run / "metrics.csv")["train_loss"]).all()
