@@ -15,7 +15,7 @@ from local_damage import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from data_prep import cli as data_prep_cli
-    from local_damage import geometry
+    from local_damage import cv, evaluate, geometry
     from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_prep_cli.register(sub)
     geometry.add_parser(sub)
     train_cli.add_parser(sub)
+    evaluate.add_parser(sub)
+    cv.add_parser(sub)
 
     bench = sub.add_parser(
         "bench",

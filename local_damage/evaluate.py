@@ -1,0 +1,738 @@
+"""`local-damage evaluate`: score a trained model on labelled chips and write its metrics.
+
+A model is either a run folder (rebuilt and run with PyTorch) or an exported ONNX model (run
+through :class:`app.predictor.Predictor`, the serving path). Both are wrapped as a
+:class:`Scorer`, whose :meth:`Scorer.score` turns a list of chips into a :class:`Scored` bundle
+(labels, logits, probabilities, ``z``, and ``e_post`` where the backend exposes it), so
+everything after that (metrics, representation geometry, figures, files) is shared.
+
+Outputs in ``OUT/``::
+
+    metrics.json          classification metrics, a ``representation`` block and the ``source``
+    predictions.csv       chip_id, label, pred, one probability column per class
+    confusion_matrix.png
+    tsne_z.png            t-SNE of the joint embedding z (unless --no-tsne)
+    tsne_e_post.png       t-SNE of the post-image embedding e_post (PyTorch path only)
+
+The representation block follows Sec. 3.1 of the paper: CAC, CAD, GPU and the class-mean Gram
+matrix on ``z`` of the unaugmented chips; SAA and SAD between that view and a second view made
+with the training augmentation (seeded), when ``views == 2``. Chips whose ``z`` is the zero
+vector (identical pre and post projections, which the fixed-difference correlation maps to 0)
+have no direction: they are left out of the representation metrics and t-SNE plots, and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from data_prep.spec import ChipSpec
+
+METRICS_JSON = "metrics.json"
+PREDICTIONS_CSV = "predictions.csv"
+
+
+class EvaluationError(ValueError):
+    """Input that cannot be evaluated: names the file at fault and what to do."""
+
+
+# --------------------------------------------------------------------------------------------
+# model outputs on a set of chips
+
+
+@dataclass
+class Scored:
+    """A model's outputs on N chips, row i = ``chip_ids[i]``.
+
+    Attributes:
+        chip_ids: the N chip ids, in the order scored.
+        labels: int64 [N] true class ids.
+        logits: float32 [N, K] class scores.
+        probabilities: float32 [N, K] softmax of the logits.
+        z: float32 [N, D] L2-normalised joint embedding of the unaugmented chips.
+        e_post: float32 [N, D] L2-normalised post-image embedding, or None (ONNX models).
+        z_view2: float32 [N, D] z of a second, augmented view of each chip, or None.
+    """
+
+    chip_ids: list[str]
+    labels: np.ndarray
+    logits: np.ndarray
+    probabilities: np.ndarray
+    z: np.ndarray
+    e_post: np.ndarray | None = None
+    z_view2: np.ndarray | None = None
+
+    @property
+    def predictions(self) -> np.ndarray:
+        """int64 [N] predicted class ids (argmax of the logits)."""
+        return self.logits.argmax(axis=1).astype("int64")
+
+
+class Scorer:
+    """A trained model that scores chip pairs of a chip store.
+
+    Attributes:
+        source: where the model came from, e.g. ``{"run": "RUN"}`` or ``{"model": "m.onnx"}``.
+        spec: the chip spec the model was trained with (None when unknown).
+        class_names: the K class names, in label order.
+        input_size: side of the model input in pixels.
+    """
+
+    source: dict[str, str]
+    spec: ChipSpec | None
+    class_names: tuple[str, ...]
+    input_size: int
+
+    def score(
+        self,
+        chips: str | Path,
+        chip_ids: Sequence[str],
+        views: int = 1,
+        batch_size: int = 64,
+        seed: int = 0,
+        progress: bool = False,
+    ) -> Scored:
+        """Score ``chip_ids`` of the store ``chips``.
+
+        Args:
+            chips: chip store folder.
+            chip_ids: ids of labelled chips to score.
+            views: 1, or 2 to also embed a second view made with the training augmentation.
+            batch_size: pairs per forward pass.
+            seed: seed of the second view's augmentation.
+            progress: show a progress bar.
+
+        Returns:
+            A :class:`Scored` bundle, rows in manifest order.
+        """
+        raise NotImplementedError
+
+
+def _check_views(views: int) -> None:
+    if views not in (1, 2):
+        raise ValueError(f"views must be 1 or 2, got {views}")
+
+
+def _augmented_view(chips: Path, chip_ids: Sequence[str], input_size: int, seed: int):
+    """Dataset of the second view: the training augmentation, seeded per chip."""
+    from local_damage.data import ChipPairDataset
+
+    dataset = ChipPairDataset(chips, chip_ids, input_size, augment=True, seed=seed)
+    dataset.set_epoch(0)
+    return dataset
+
+
+class TorchScorer(Scorer):
+    """The model of a run folder (``config.yaml`` + ``best.safetensors``), run with PyTorch.
+
+    Chips are resized to the run's ``data.input_size`` and normalised as in training; the model
+    runs in eval mode without gradients, with the run's ``train.amp`` setting on ``device``.
+    """
+
+    def __init__(self, run: str | Path, device: str = "auto"):
+        from local_damage.config import load_yaml
+        from local_damage.train import checkpoint as ckpt
+        from local_damage.train.config import Config
+
+        run = Path(run)
+        if not run.is_dir():
+            raise FileNotFoundError(f"{run}: run folder not found")
+        config = run / "config.yaml"
+        if not config.is_file():
+            raise FileNotFoundError(
+                f"{run}: no config.yaml; not a run folder (make one with `local-damage train`)"
+            )
+        weights = run / ckpt.BEST
+        if not weights.is_file():
+            raise FileNotFoundError(f"{run}: no {ckpt.BEST}; the run has not finished an epoch yet")
+        self.cfg = load_yaml(Config, config)
+        self.run = run
+        self.summary = _read_summary(run)
+        self.source = {"run": str(run)}
+        spec = self.summary.get("chip_spec")
+        self.spec = _spec_from(spec) if spec else None
+        from data_prep.spec import CLASS_NAMES
+
+        self.class_names = tuple(CLASS_NAMES[: self.cfg.model.num_classes])
+        self.input_size = int(self.cfg.data.input_size)
+        self.device_name = self.cfg.train.device if device == "auto" else device
+        self._weights = weights
+        self._model = None
+
+    @property
+    def model(self):
+        """The rebuilt model (built on first use)."""
+        if self._model is None:
+            from local_damage.models import build_model
+            from local_damage.train import checkpoint as ckpt
+            from local_damage.train.loop import model_config_for, resolve_device
+
+            self.device = resolve_device(self.device_name)
+            model = build_model(model_config_for(self.cfg))
+            ckpt.load_weights(model, self._weights)
+            self._model = model.to(self.device).eval()
+        return self._model
+
+    def _forward(self, dataset, batch_size: int, progress: bool, desc: str, full: bool):
+        import numpy as np
+        import torch
+        from torch.utils.data import DataLoader
+        from tqdm import tqdm
+
+        from local_damage.data import normalize
+        from local_damage.train.loop import autocast_context
+
+        model = self.model
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+        out: dict[str, list] = {"labels": [], "logits": [], "z": [], "e_post": []}
+        with torch.inference_mode():
+            for pre, post, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+                pre = normalize(pre.to(self.device))
+                post = normalize(post.to(self.device))
+                with autocast_context(self.cfg.train.amp, self.device):
+                    if full:
+                        result = model(pre, post)
+                        logits, z, e_post = result.logits, result.z, result.e_post
+                    else:
+                        (logits, z), e_post = model.predict(pre, post), None
+                out["labels"].append(y.numpy())
+                out["z"].append(z.float().cpu().numpy())
+                if full:
+                    out["logits"].append(logits.float().cpu().numpy())
+                    out["e_post"].append(e_post.float().cpu().numpy())
+        return {k: np.concatenate(v) if v else None for k, v in out.items()}
+
+    def score(self, chips, chip_ids, views=1, batch_size=64, seed=0, progress=False) -> Scored:
+        from scipy.special import softmax
+
+        from local_damage.data import ChipPairDataset
+
+        _check_views(views)
+        chips = Path(chips)
+        plain = ChipPairDataset(chips, chip_ids, self.input_size)
+        first = self._forward(plain, batch_size, progress, "evaluate", full=True)
+        z_view2 = None
+        if views == 2:  # the same chips in the same (manifest) order, augmented
+            second = _augmented_view(chips, chip_ids, self.input_size, seed)
+            z_view2 = self._forward(second, batch_size, progress, "second view", full=False)["z"]
+        return Scored(
+            chip_ids=[r["chip_id"] for r in plain.records],
+            labels=first["labels"].astype("int64"),
+            logits=first["logits"],
+            probabilities=softmax(first["logits"].astype("float64"), axis=1).astype("float32"),
+            z=first["z"],
+            e_post=first["e_post"],
+            z_view2=z_view2,
+        )
+
+
+class OnnxScorer(Scorer):
+    """An exported ONNX model run through :class:`app.predictor.Predictor` (the serving path).
+
+    The first view passes the stored chips as they are (the predictor resizes them itself); the
+    second view passes the training augmentation's output at the predictor's input size.
+    """
+
+    def __init__(self, model: str | Path):
+        model = Path(model)
+        if not model.is_file():
+            raise FileNotFoundError(f"{model}: ONNX model not found")
+        from app.predictor import Predictor
+
+        self.predictor = Predictor(model)
+        self.source = {"model": str(model)}
+        self.spec = self.predictor.spec
+        self.class_names = tuple(self.predictor.class_names)
+        self.input_size = int(self.predictor.input_size)
+
+    def _predict(self, batches: Iterator[tuple], batch_size: int):
+        import numpy as np
+
+        labels, logits, probs, z = [], [], [], []
+        for pre, post, y in batches:
+            result = self.predictor.predict(pre, post, batch_size=batch_size)
+            labels.append(np.asarray(y))
+            logits.append(np.asarray(result.logits, dtype=np.float32))
+            probs.append(np.asarray(result.probabilities, dtype=np.float32))
+            z.append(np.asarray(result.embedding, dtype=np.float32))
+        return (
+            np.concatenate(labels),
+            np.concatenate(logits),
+            np.concatenate(probs),
+            np.concatenate(z),
+        )
+
+    def score(self, chips, chip_ids, views=1, batch_size=64, seed=0, progress=False) -> Scored:
+        import numpy as np
+        from tqdm import tqdm
+
+        from data_prep.store import ChipReader, read_manifest
+
+        _check_views(views)
+        chips = Path(chips)
+        frame = read_manifest(chips)
+        wanted = set(chip_ids)
+        missing = sorted(wanted - set(frame["chip_id"]))
+        if missing:
+            raise KeyError(
+                f"{chips}: {len(missing)} chip id(s) not in the manifest, e.g. {missing[:3]}"
+            )
+        # manifest order, as ChipPairDataset (the second view) keeps it
+        records = frame[frame["chip_id"].isin(wanted)].to_dict("records")
+        ids = [r["chip_id"] for r in records]
+        reader = ChipReader(chips)
+
+        def stored() -> Iterator[tuple]:
+            steps = range(0, len(records), batch_size)
+            for start in tqdm(steps, desc="evaluate", disable=not progress, leave=False):
+                pairs = [reader.pair(r) for r in records[start : start + batch_size]]
+                yield (
+                    np.stack([p[0] for p in pairs]),
+                    np.stack([p[1] for p in pairs]),
+                    np.array([int(r["label"]) for r in records[start : start + batch_size]]),
+                )
+
+        labels, logits, probs, z = self._predict(stored(), batch_size)
+        z_view2 = None
+        if views == 2:
+            dataset = _augmented_view(chips, ids, self.input_size, seed)
+
+            def augmented() -> Iterator[tuple]:
+                for start in range(0, len(dataset), batch_size):
+                    items = [
+                        dataset[i] for i in range(start, min(start + batch_size, len(dataset)))
+                    ]
+                    yield (
+                        np.stack([it[0].numpy().transpose(1, 2, 0) for it in items]),
+                        np.stack([it[1].numpy().transpose(1, 2, 0) for it in items]),
+                        np.array([it[2] for it in items]),
+                    )
+
+            z_view2 = self._predict(augmented(), batch_size)[3]
+        return Scored(ids, labels.astype("int64"), logits, probs, z, None, z_view2)
+
+
+def _read_summary(run: Path) -> dict[str, Any]:
+    import json
+
+    path = run / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise EvaluationError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _spec_from(d: dict) -> ChipSpec:
+    from data_prep.spec import ChipSpec
+
+    return ChipSpec.from_dict(d)
+
+
+def load_scorer(
+    run: str | Path | None = None, model: str | Path | None = None, device: str = "auto"
+) -> Scorer:
+    """A :class:`TorchScorer` for a run folder or an :class:`OnnxScorer` for an ONNX file.
+
+    Raises:
+        FileNotFoundError: the run folder lacks config.yaml or best.safetensors, or the ONNX file
+            does not exist.
+    """
+    if (run is None) == (model is None):
+        raise ValueError("give exactly one of a run folder or an ONNX model")
+    return TorchScorer(run, device=device) if run is not None else OnnxScorer(model)
+
+
+# --------------------------------------------------------------------------------------------
+# which chips
+
+
+def select_chips(chips: str | Path, fold: int | None = None) -> tuple[list[str], str, int]:
+    """The labelled chips to evaluate, in manifest order.
+
+    Args:
+        chips: chip store folder.
+        fold: evaluate the chips of this fold of ``splits.csv``; None: every labelled chip.
+
+    Returns:
+        ``(chip_ids, description, unlabelled)``: the ids, a short description of the selection
+        and the number of unlabelled chips left out.
+
+    Raises:
+        FileNotFoundError: no manifest, or ``fold`` given and the store has no splits.csv.
+        EvaluationError: the selection holds no labelled chip.
+    """
+    from data_prep.store import read_manifest
+
+    chips = Path(chips)
+    frame = read_manifest(chips)
+    if fold is not None:
+        from data_prep.split import fold_indices
+
+        if not (chips / "splits.csv").is_file():
+            raise FileNotFoundError(
+                f"{chips / 'splits.csv'}: no splits, so --fold {fold} has no meaning; run "
+                f"`local-damage split {chips}` first, or leave out --fold to use every chip"
+            )
+        wanted = set(fold_indices(chips, fold)[1])
+        frame = frame[frame["chip_id"].isin(wanted)]
+        description = f"fold {fold} of {chips / 'splits.csv'}"
+    else:
+        description = f"all labelled chips of {chips} (no --fold given)"
+    labelled = frame[frame["label"] >= 0]
+    if labelled.empty:
+        raise EvaluationError(
+            f"{chips}: no labelled chips in {description}"
+            + (f" ({len(frame)} unlabelled)" if len(frame) else "")
+        )
+    return labelled["chip_id"].tolist(), description, int(len(frame) - len(labelled))
+
+
+# --------------------------------------------------------------------------------------------
+# the evaluation
+
+
+def evaluate(
+    scorer: Scorer,
+    chips: str | Path,
+    chip_ids: Sequence[str],
+    out: str | Path,
+    views: int = 2,
+    tsne: bool = True,
+    batch_size: int = 64,
+    seed: int = 0,
+    source: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score labelled chips and write metrics.json, predictions.csv and the figures to ``out``.
+
+    Args:
+        scorer: the model (see :func:`load_scorer`).
+        chips: chip store folder.
+        chip_ids: the labelled chips to evaluate (see :func:`select_chips`); outputs list them
+            in manifest order.
+        out: output folder.
+        views: 2 adds SAA and SAD from a second, augmented view of every chip; 1 skips them.
+        tsne: write the t-SNE figures.
+        batch_size: pairs per forward pass.
+        seed: seed of the second view's augmentation and of t-SNE.
+        source: extra entries for the ``source`` block (chips, fold, selection...).
+        progress: show progress bars.
+
+    Returns:
+        The metrics dict also written to ``out/metrics.json``: the keys of
+        :func:`~local_damage.metrics.classification_metrics`, ``representation`` (see
+        :func:`~local_damage.metrics.representation_metrics`, plus
+        ``zero_embeddings_left_out``, see :func:`unit_rows`; None with fewer than 2 usable
+        embeddings), ``source`` and ``views``.
+    """
+    from data_prep.store import write_json
+    from local_damage.metrics import (
+        classification_metrics,
+        plot_confusion_matrix,
+        plot_embedding_tsne,
+        representation_metrics,
+    )
+
+    if not chip_ids:
+        raise EvaluationError(f"{chips}: no chips to evaluate")
+    out = Path(out)
+    scored = scorer.score(
+        chips, chip_ids, views=views, batch_size=batch_size, seed=seed, progress=progress
+    )
+    names = list(scorer.class_names)
+    if scored.labels.min() < 0:
+        raise EvaluationError(
+            f"{chips}: unlabelled chips cannot be evaluated; select labelled ones"
+        )
+    metrics = classification_metrics(scored.labels, scored.predictions, names)
+    z, valid = unit_rows(scored.z)
+    z2 = None
+    if views == 2 and scored.z_view2 is not None:
+        z2, valid2 = unit_rows(scored.z_view2)
+        valid &= valid2
+    representation = None
+    if valid.sum() >= 2:
+        representation = representation_metrics(
+            z[valid], scored.labels[valid], names, z_view2=None if z2 is None else z2[valid]
+        )
+        representation["zero_embeddings_left_out"] = int((~valid).sum())
+    metrics["representation"] = representation
+    metrics["views"] = views
+    metrics["source"] = {**scorer.source, "input_size": scorer.input_size, **(source or {})}
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_predictions(out / PREDICTIONS_CSV, scored, names)
+    write_json(out / METRICS_JSON, metrics)
+    where = ", ".join(f"{k} {v}" for k, v in scorer.source.items())
+    plot_confusion_matrix(
+        metrics["confusion_matrix"],
+        names,
+        out / "confusion_matrix.png",
+        title=f"{len(scored.labels)} buildings, accuracy {metrics['accuracy']:.3f}",
+    )
+    if tsne:
+        for key, emb, what in (
+            ("z", scored.z, "z (pre/post joint)"),
+            ("e_post", scored.e_post, "e_post (post image)"),
+        ):
+            if emb is None:
+                continue
+            unit, ok = unit_rows(emb)
+            if ok.sum() < 3:
+                continue
+            title = f"{what}: {where}"
+            if not ok.all():
+                title += f"\n{int((~ok).sum())} zero embedding(s) left out"
+            plot_embedding_tsne(
+                unit[ok], scored.labels[ok], names, out / f"tsne_{key}.png", title, seed
+            )
+    return metrics
+
+
+def unit_rows(x: np.ndarray, min_norm: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings re-normalised in float64, and which rows are real directions.
+
+    The model L2-normalises its embeddings, but under mixed precision the norms drift a little,
+    and ``z`` is exactly the zero vector when a chip's pre and post images give the same
+    projection (the fixed-difference correlation of identical inputs). Such rows have no
+    direction: they are flagged so the representation metrics and plots can leave them out.
+
+    Args:
+        x: [N, D] embeddings.
+        min_norm: rows with a smaller norm count as zero.
+
+    Returns:
+        ``(unit, valid)``: float64 [N, D] with every valid row of norm 1 (others 0) and bool [N].
+    """
+    import numpy as np
+
+    arr = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(arr, axis=1)
+    valid = np.isfinite(norms) & (norms > min_norm)
+    unit = np.zeros_like(arr)
+    unit[valid] = arr[valid] / norms[valid, None]
+    return unit, valid
+
+
+def write_predictions(path: str | Path, scored: Scored, class_names: Sequence[str]) -> None:
+    """Write ``predictions.csv``: chip_id, label, pred, ``p_<class>`` for every class."""
+    import csv
+
+    from data_prep.store import atomic_path
+
+    preds = scored.predictions
+    with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["chip_id", "label", "pred", *(f"p_{name}" for name in class_names)])
+        for i, chip_id in enumerate(scored.chip_ids):
+            writer.writerow(
+                [chip_id, int(scored.labels[i]), int(preds[i])]
+                + [f"{float(p):.6f}" for p in scored.probabilities[i]]
+            )
+
+
+def format_summary(metrics: dict[str, Any]) -> str:
+    """A short plain-text table of a metrics dict: per-class scores, then the totals."""
+    lines = [f"{'class':<14}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
+    for name, row in metrics["per_class"].items():
+        lines.append(
+            f"{name:<14}{row['precision']:>10.4f}{row['recall']:>10.4f}{row['f1']:>10.4f}"
+            f"{row['support']:>10d}"
+        )
+    lines.append(
+        f"n {metrics['n']}  accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}"
+        f"  xView2 damage F1 {metrics['xview2_damage_f1']:.4f}"
+    )
+    if metrics.get("absent_classes"):
+        lines.append(f"absent (left out of macro-F1): {', '.join(metrics['absent_classes'])}")
+    rep = metrics.get("representation")
+    if rep:
+        shown = [
+            f"{key.upper()} {rep[key]:.4f}"
+            for key in ("saa", "sad", "cac", "cad", "gpu")
+            if rep.get(key) is not None
+        ]
+        if rep.get("max_offdiag_abs_cos") is not None:
+            shown.append(f"max |cos| class means {rep['max_offdiag_abs_cos']:.4f}")
+        lines.append("representation: " + "  ".join(shown))
+    return "\n".join(lines)
+
+
+def evaluate_xbd(
+    scorer: Scorer,
+    roots: Sequence[str | Path],
+    out: str | Path,
+    progress: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Cut chips from xBD roots with the model's chip spec into a temporary store and evaluate
+    every labelled chip of it (keyword arguments as :func:`evaluate`).
+
+    Raises:
+        EvaluationError: the model's chip spec is unknown (a run without summary.json).
+    """
+    import tempfile
+
+    from data_prep.xbd import prepare_xbd
+
+    if scorer.spec is None:
+        where = next(iter(scorer.source.values()))
+        raise EvaluationError(
+            f"{where}: the model's chip spec is unknown (no chip_spec in summary.json), so xBD "
+            "tiles cannot be cut as in training; prepare a chip store and use --chips"
+        )
+    with tempfile.TemporaryDirectory(prefix="evaluate-chips-") as tmp:
+        report = prepare_xbd(list(roots), tmp, spec=scorer.spec, progress=progress)
+        for item in report.skipped:
+            print(f"skipped {item}", file=sys.stderr)
+        chip_ids, _, unlabelled = select_chips(tmp)
+        source = {
+            "xbd": [str(r) for r in roots],
+            "chip_spec": scorer.spec.to_dict(),
+            "fold": None,
+            "selection": "all labelled chips cut from the xBD roots",
+            "unlabelled_left_out": unlabelled,
+            "skipped": report.to_dict()["skipped"],
+        }
+        return evaluate(scorer, tmp, chip_ids, out, source=source, progress=progress, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="score a trained model on labelled chips: metrics, predictions, figures",
+        description=(
+            "Evaluate a run folder (PyTorch) or an exported ONNX model on labelled chips and write "
+            "OUT/metrics.json (accuracy, macro-F1, per-class scores, xView2 damage F1, confusion "
+            "matrix, representation metrics SAA/SAD/CAC/CAD/GPU), OUT/predictions.csv, "
+            "OUT/confusion_matrix.png and t-SNE plots of the embeddings."
+        ),
+    )
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run", metavar="RUN", help="run folder of `local-damage train`")
+    model.add_argument("--model", metavar="MODEL.onnx", help="exported ONNX model")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--chips", metavar="CHIPS", help="chip store folder")
+    data.add_argument(
+        "--xbd",
+        action="append",
+        metavar="ROOT",
+        help="xBD root: cut chips with the model's chip spec into a temporary store (repeatable)",
+    )
+    p.add_argument(
+        "--fold",
+        type=int,
+        metavar="K",
+        help="evaluate fold K of CHIPS/splits.csv (the run's validation fold); default: every labelled chip",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument(
+        "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
+    )
+    p.add_argument(
+        "--views",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): embed a second augmented view of each chip for SAA and SAD; 1: skip them",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the second view and t-SNE (default 0)"
+    )
+    p.add_argument(
+        "--device", default="auto", help="PyTorch device for --run: auto (the run's), cpu, cuda[:N]"
+    )
+    p.add_argument(
+        "--no-tsne", action="store_true", help="skip the t-SNE figures (slow on many chips)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.fold is not None and args.xbd:
+        print(
+            "error: --fold applies to --chips; with --xbd every cut chip is evaluated",
+            file=sys.stderr,
+        )
+        return 2
+    if args.batch_size < 1:
+        print(f"error: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr)
+        return 2
+    options = {
+        "views": args.views,
+        "tsne": not args.no_tsne,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+    }
+    try:
+        scorer = load_scorer(run=args.run, model=args.model, device=args.device)
+        if args.xbd:
+            metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
+        else:
+            metrics = evaluate_chips(
+                scorer, args.chips, args.out, fold=args.fold, progress=not args.quiet, **options
+            )
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    print(f"{metrics['source'].get('selection', '')}")
+    print(format_summary(metrics))
+    print(f"wrote {Path(args.out) / METRICS_JSON} and {PREDICTIONS_CSV}")
+    return 0
+
+
+def evaluate_chips(
+    scorer: Scorer,
+    chips: str | Path,
+    out: str | Path,
+    fold: int | None = None,
+    progress: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Evaluate the labelled chips of a store (fold ``fold`` of its splits, or all of them).
+
+    Warns on stderr when the store was cut with another chip spec than the model's, and when
+    evaluating every chip of the store the run was trained on. Keyword arguments as
+    :func:`evaluate`.
+    """
+    from data_prep.store import read_meta
+
+    chips = Path(chips)
+    chip_ids, description, unlabelled = select_chips(chips, fold)
+    store_spec = read_meta(chips).get("spec")
+    if scorer.spec is not None and store_spec and _spec_from(store_spec) != scorer.spec:
+        print(
+            f"warning: {chips} was cut with chip spec {store_spec}, the model with "
+            f"{scorer.spec.to_dict()}: scores may not reflect the model",
+            file=sys.stderr,
+        )
+    summary = getattr(scorer, "summary", {})
+    same_store = summary.get("chips") and Path(summary["chips"]).resolve() == chips.resolve()
+    if fold is None and same_store and summary.get("fold") is not None:
+        print(
+            f"note: the run held out fold {summary['fold']}; evaluating every chip includes its "
+            f"training chips (use --fold {summary['fold']} for its validation fold)",
+            file=sys.stderr,
+        )
+    source = {
+        "chips": str(chips),
+        "fold": fold,
+        "selection": description,
+        "unlabelled_left_out": unlabelled,
+    }
+    return evaluate(scorer, chips, chip_ids, out, source=source, progress=progress, **kwargs)

@@ -1,0 +1,38 @@
+"""Every shipped config loads, names its method, and the documented experiment commands parse."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from local_damage.cli import build_parser
+from local_damage.config import load_yaml
+from local_damage.losses.objective import uses_latent
+from local_damage.train.config import Config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_loads(path):
+    cfg = load_yaml(Config, path)
+    if path.stem in ("local", "l-scl", "scl", "ce"):
+        assert cfg.loss.method == path.stem
+        # the latent module is there exactly for the methods that use it (Appendix A.2)
+        assert bool(cfg.model.latent_blocks) == uses_latent(cfg.loss.method)
+
+
+def test_experiment_commands_parse_and_overrides_apply():
+    text = (REPO / "docs" / "experiments.md").read_text()
+    commands = re.findall(r"^(local-damage (?:cv|train) .+)$", text, flags=re.M)
+    assert len(commands) >= 28  # Table 2: 11 rows, 3: 2, 4: 6, 5: 8, plus one train
+    parser = build_parser()
+    for line in commands:
+        args = parser.parse_args(shlex.split(line)[1:])
+        configs = args.config if isinstance(args.config, list) else [args.config]
+        for config in configs:
+            load_yaml(Config, REPO / config, args.set)

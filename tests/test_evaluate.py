@@ -1,0 +1,265 @@
+"""`local-damage evaluate`: metrics, predictions and figures of a tiny trained run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from data_prep.spec import CLASS_NAMES, ChipSpec
+from local_damage.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+#: A chip spec other than the default, so that cutting with the run's spec is observable.
+SPEC = ChipSpec(chip_size=64, context=2.0, min_size=48)
+TINY = [
+    "model.encoder=resnet18",
+    "model.proj_hidden=32",
+    "model.cls_hidden=32",
+    "model.embed_dim=16",
+    "model.latent_size=4",
+    "data.input_size=32",
+    "train.batch_size=4",
+    "train.epochs=1",
+    "train.max_steps_per_epoch=2",
+]
+
+
+@pytest.fixture(scope="module")
+def store(synthetic_xbd, tmp_path_factory) -> Path:
+    from data_prep.split import make_splits
+    from data_prep.xbd import prepare_xbd
+
+    out = tmp_path_factory.mktemp("eval_chips")
+    prepare_xbd([synthetic_xbd], out, spec=SPEC, progress=False)
+    make_splits(out, folds=3, seed=0, verbose=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(store, tmp_path_factory) -> Path:
+    from local_damage.config import load_yaml
+    from local_damage.train.config import Config
+    from local_damage.train.loop import train
+
+    out = tmp_path_factory.mktemp("eval_run") / "run"
+    train(load_yaml(Config, None, TINY), store, out, fold=0, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def all_chips(run, store, tmp_path_factory) -> Path:
+    """The run evaluated on every labelled chip of the store (views 1, no t-SNE), via the CLI."""
+    out = tmp_path_factory.mktemp("eval_all")
+    args = ["evaluate", "--run", str(run), "--chips", str(store), "--out", str(out)]
+    assert main([*args, "--views", "1", "--no-tsne", "--quiet"]) == 0
+    return out
+
+
+def _fold_ids(store: Path, fold: int) -> set[str]:
+    splits = pd.read_csv(store / "splits.csv", dtype={"chip_id": str})
+    return set(splits.loc[splits["fold"] == fold, "chip_id"])
+
+
+def _manifest(store: Path) -> pd.DataFrame:
+    return pd.read_csv(store / "manifest.csv", dtype={"chip_id": str}, keep_default_na=False)
+
+
+def _predictions(out: Path) -> pd.DataFrame:
+    return pd.read_csv(out / "predictions.csv", dtype={"chip_id": str})
+
+
+def test_evaluate_run_on_its_validation_fold(run, store, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc = main(
+        ["evaluate", "--run", str(run), "--chips", str(store), "--fold", "0", "--out", str(out)]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    k = len(CLASS_NAMES)
+    for key in ("accuracy", "macro_f1", "xview2_damage_f1", "per_class", "confusion_matrix", "n"):
+        assert key in metrics
+    assert metrics["class_names"] == list(CLASS_NAMES)
+    assert set(metrics["per_class"]) == set(CLASS_NAMES)
+    assert set(metrics["per_class"]["destroyed"]) == {"precision", "recall", "f1", "support"}
+    cm = np.array(metrics["confusion_matrix"])
+    assert cm.shape == (k, k)
+    assert cm.sum() == metrics["n"]
+    assert metrics["source"] == {
+        "run": str(run),
+        "chips": str(store),
+        "fold": 0,
+        "input_size": 32,
+        "selection": f"fold 0 of {store / 'splits.csv'}",
+        "unlabelled_left_out": 0,
+    }
+
+    # predictions.csv: one row per chip of the fold, consistent with metrics.json
+    preds = _predictions(out)
+    assert set(preds["chip_id"]) == _fold_ids(store, 0)
+    assert len(preds) == metrics["n"]
+    probs = preds[[f"p_{c}" for c in CLASS_NAMES]].to_numpy()
+    assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-4)
+    assert (probs.argmax(axis=1) == preds["pred"].to_numpy()).all()
+    labels = _manifest(store).set_index("chip_id").loc[preds["chip_id"], "label"].to_numpy()
+    assert (preds["label"].to_numpy() == labels).all()
+    assert metrics["accuracy"] == pytest.approx(float((preds["pred"] == preds["label"]).mean()))
+    assert np.array_equal(cm.sum(axis=1), np.bincount(labels, minlength=k))
+    assert np.array_equal(cm.sum(axis=0), np.bincount(preds["pred"], minlength=k))
+    for c, name in enumerate(CLASS_NAMES):
+        assert metrics["per_class"][name]["support"] == int((labels == c).sum())
+
+    # the run's own validation of the same weights on the same fold agrees
+    summary = json.loads((run / "summary.json").read_text())
+    assert metrics["macro_f1"] == pytest.approx(summary["best_val_macro_f1"], abs=1e-9)
+
+    rep = metrics["representation"]
+    for key in ("saa", "sad", "cac", "cad", "gpu", "class_mean_gram", "max_offdiag_abs_cos"):
+        assert key in rep
+    assert 0.0 <= rep["saa"] <= 1.0 and 0.0 <= rep["sad"] <= 2.0
+    # no-damage chips of the synthetic data have identical pre and post: z = 0, left out
+    n_no_damage = int((labels == 0).sum())
+    assert rep["zero_embeddings_left_out"] >= n_no_damage
+    assert rep["n"] == metrics["n"] - rep["zero_embeddings_left_out"]
+    assert np.array(rep["class_mean_gram"], dtype=float).shape == (k, k)
+
+    for figure in ("confusion_matrix.png", "tsne_z.png", "tsne_e_post.png"):
+        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+    assert "macro-F1" in printed and "SAA" in printed and "destroyed" in printed
+
+
+def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
+    """Rewrite a copy of the store's labels to the model's own predictions: every score is 1."""
+    preds = _predictions(all_chips)
+    labelled = _manifest(store)
+    assert set(preds["chip_id"]) == set(labelled.loc[labelled["label"] >= 0, "chip_id"])
+    metrics = json.loads((all_chips / "metrics.json").read_text())
+    assert metrics["source"]["fold"] is None
+    assert "no --fold given" in metrics["source"]["selection"]
+    assert "saa" not in metrics["representation"] and metrics["views"] == 1
+    assert not (all_chips / "tsne_z.png").exists()
+
+    copy = tmp_path / "chips"
+    shutil.copytree(store, copy)
+    manifest = _manifest(copy)
+    pred_of = dict(zip(preds["chip_id"], preds["pred"], strict=True))
+    manifest["label"] = [pred_of[c] for c in manifest["chip_id"]]
+    manifest["label_name"] = [CLASS_NAMES[p] for p in manifest["label"]]
+    manifest.to_csv(copy / "manifest.csv", index=False)
+    out = tmp_path / "perfect"
+    args = ["evaluate", "--run", str(run), "--chips", str(copy), "--out", str(out)]
+    assert main([*args, "--views", "1", "--no-tsne", "--quiet"]) == 0
+    perfect = json.loads((out / "metrics.json").read_text())
+    cm = np.array(perfect["confusion_matrix"])
+    predicted = np.bincount(preds["pred"], minlength=len(CLASS_NAMES))
+    assert np.array_equal(cm, np.diag(predicted))
+    assert perfect["accuracy"] == 1.0 and perfect["macro_f1"] == 1.0
+    assert perfect["xview2_damage_f1"] == 1.0
+    absent = [CLASS_NAMES[c] for c in range(len(CLASS_NAMES)) if predicted[c] == 0]
+    assert perfect["absent_classes"] == absent
+
+
+def test_second_view_is_augmented_and_seeded(run, store):
+    from local_damage.evaluate import TorchScorer, _augmented_view, select_chips
+
+    scorer = TorchScorer(run)
+    ids, _, _ = select_chips(store, fold=1)
+    first = scorer.score(store, ids, views=2, batch_size=4, seed=3)
+    again = scorer.score(store, ids, views=2, batch_size=16, seed=3)
+    assert first.z_view2.shape == first.z.shape == (len(ids), 16)
+    assert np.allclose(first.z_view2, again.z_view2, atol=1e-5)  # seeded, batch-independent
+    assert np.allclose(first.logits, again.logits, atol=1e-5)
+    assert not np.allclose(first.z_view2, first.z, atol=1e-3)
+    seed3, seed4 = (_augmented_view(store, ids, 32, seed) for seed in (3, 4))
+    assert any(not np.array_equal(seed3[i][1], seed4[i][1]) for i in range(len(ids)))
+    assert first.chip_ids == [c for c in _manifest(store)["chip_id"] if c in set(ids)]
+    assert first.e_post.shape == (len(ids), 16)
+
+
+def test_xbd_cuts_with_the_runs_chip_spec(run, all_chips, synthetic_xbd, tmp_path):
+    out = tmp_path / "xbd"
+    args = ["evaluate", "--run", str(run), "--xbd", str(synthetic_xbd), "--out", str(out)]
+    assert main([*args, "--views", "1", "--no-tsne", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["source"]["chip_spec"] == SPEC.to_dict()
+    assert metrics["source"]["xbd"] == [str(synthetic_xbd)]
+    assert any("invalid WKT" in s["reason"] for s in metrics["source"]["skipped"])
+    # the same chips as the store cut with SPEC, so the same predictions
+    got = _predictions(out).set_index("chip_id").sort_index()
+    want = _predictions(all_chips).set_index("chip_id").sort_index()
+    assert list(got.index) == list(want.index)
+    assert (got["pred"] == want["pred"]).all()
+    assert np.allclose(got.to_numpy(float), want.to_numpy(float), atol=1e-5)
+
+
+def test_clear_errors(run, store, tmp_path, capsys):
+    def error(*args: str) -> str:
+        assert main(["evaluate", *args, "--out", str(tmp_path / "out")]) == 2
+        return capsys.readouterr().err
+
+    not_a_run = tmp_path / "empty_run"
+    not_a_run.mkdir()
+    assert "no config.yaml" in error("--run", str(not_a_run), "--chips", str(store))
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    shutil.copy(run / "config.yaml", no_weights / "config.yaml")
+    err = error("--run", str(no_weights), "--chips", str(store))
+    assert str(no_weights) in err and "best.safetensors" in err
+    missing = tmp_path / "missing.onnx"
+    err = error("--model", str(missing), "--chips", str(store))
+    assert str(missing) in err and "not found" in err
+
+    unsplit = tmp_path / "unsplit"
+    shutil.copytree(store, unsplit)
+    (unsplit / "splits.csv").unlink()
+    err = error("--run", str(run), "--chips", str(unsplit), "--fold", "0")
+    assert "splits.csv" in err and "local-damage split" in err
+    assert "no fold 7" in error("--run", str(run), "--chips", str(store), "--fold", "7")
+
+    manifest = _manifest(unsplit)
+    manifest["label"], manifest["label_name"] = -1, ""
+    manifest.to_csv(unsplit / "manifest.csv", index=False)
+    err = error("--run", str(run), "--chips", str(unsplit))
+    assert str(unsplit) in err and "no labelled chips" in err
+    assert "--fold applies to --chips" in error(
+        "--run", str(run), "--xbd", str(store), "--fold", "0"
+    )
+    assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+@pytest.mark.skipif(not (REPO / "app" / "predictor.py").is_file(), reason="needs app.predictor")
+def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
+    from data_prep.xbd import prepare_xbd
+    from local_damage.evaluate import OnnxScorer, TorchScorer, select_chips
+    from local_damage.export import export_run
+
+    model = tmp_path / "model.onnx"
+    export_run(run, model)
+    out = tmp_path / "onnx_eval"
+    args = ["evaluate", "--model", str(model), "--chips", str(store), "--fold", "0"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["source"]["model"] == str(model) and metrics["source"]["fold"] == 0
+    assert "saa" in metrics["representation"]
+    preds = _predictions(out)
+    assert set(preds["chip_id"]) == _fold_ids(store, 0)
+    assert metrics["accuracy"] == pytest.approx(float((preds["pred"] == preds["label"]).mean()))
+    assert (out / "tsne_z.png").is_file() and not (out / "tsne_e_post.png").exists()
+
+    # chips stored at the model's input size reach both models unresized: same outputs
+    small = tmp_path / "chips32"
+    prepare_xbd([synthetic_xbd], small, spec=ChipSpec(32, SPEC.context, SPEC.min_size))
+    ids, _, _ = select_chips(small)
+    onnx = OnnxScorer(model).score(small, ids, views=2, batch_size=8, seed=1)
+    torch = TorchScorer(run).score(small, ids, views=2, batch_size=8, seed=1)
+    assert onnx.chip_ids == torch.chip_ids
+    assert np.array_equal(onnx.labels, torch.labels)
+    assert np.allclose(onnx.logits, torch.logits, atol=1e-3)
+    assert np.allclose(onnx.z, torch.z, atol=1e-3)
+    assert np.allclose(onnx.z_view2, torch.z_view2, atol=1e-3)
+    assert onnx.e_post is None
