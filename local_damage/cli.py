@@ -15,7 +15,7 @@ from local_damage import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from data_prep import cli as data_prep_cli
-    from local_damage import cv, evaluate, geometry
+    from local_damage import bench_train, cv, evaluate, geometry
     from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_sub = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
     data_prep_cli.register_bench(bench_sub)
+    bench_train.add_parser(bench_sub)
     return parser
 
 
