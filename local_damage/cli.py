@@ -15,7 +15,7 @@ from local_damage import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from data_prep import cli as data_prep_cli
-    from local_damage import bench_train, cv, evaluate, geometry
+    from local_damage import bench_infer, bench_train, cv, evaluate, export, geometry
     from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_parser(sub)
     evaluate.add_parser(sub)
     cv.add_parser(sub)
+    export.add_parser(sub)
 
     bench = sub.add_parser(
         "bench",
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
     data_prep_cli.register_bench(bench_sub)
     bench_train.add_parser(bench_sub)
+    bench_infer.add_parser(bench_sub)
     return parser
 
 

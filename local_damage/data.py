@@ -3,7 +3,8 @@
 Augmentation (albumentations) applies the same geometry (flips, 90-degree rotations, small
 affine scale/rotation) to pre and post, so the pair stays aligned, while photometric changes
 (brightness, contrast, hue, blur, noise) are drawn independently for each image, as two
-acquisitions differ in light and sensor. Every sample is resized to the model's input size.
+acquisitions differ in light and sensor. Every sample is resized to the model's input size with
+the resampler serving uses (:func:`data_prep.windows.resize_chip`).
 Images stay uint8 until they reach the model (see :func:`normalize`), which keeps loader
 memory and inter-process traffic small.
 """
@@ -18,6 +19,7 @@ import torch
 from torch.utils.data import Dataset, WeightedRandomSampler
 
 from data_prep.store import ChipReader, read_manifest
+from data_prep.windows import resize_chip
 
 #: Per-channel mean and std (0-255 scale) used to normalise RGB chips inside the model graph.
 MEAN = (123.675, 116.28, 103.53)
@@ -31,14 +33,17 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
     return (x.float() - mean) / std
 
 
-def build_transforms(input_size: int, augment: bool):
-    """(paired geometric transform, per-image photometric transform or None)."""
+def build_transforms(augment: bool):
+    """(paired geometric transform, per-image photometric transform), or (None, None).
+
+    Resizing to the input size is not part of these: it is done with
+    :func:`data_prep.windows.resize_chip`, the resampler serving uses, after the geometric step.
+    """
+    if not augment:
+        return None, None
     import albumentations as A
     import cv2
 
-    resize = A.Resize(input_size, input_size, interpolation=cv2.INTER_LINEAR)
-    if not augment:
-        return A.Compose([resize], additional_targets={"post": "image"}), None
     geometric = A.Compose(
         [
             A.HorizontalFlip(p=0.5),
@@ -47,7 +52,6 @@ def build_transforms(input_size: int, augment: bool):
             A.Affine(
                 scale=(0.9, 1.1), rotate=(-15, 15), border_mode=cv2.BORDER_CONSTANT, fill=0, p=0.5
             ),
-            resize,
         ],
         additional_targets={"post": "image"},
     )
@@ -95,7 +99,7 @@ class ChipPairDataset(Dataset):
         self.seed = int(seed)
         self.epoch = 0
         self._reader: ChipReader | None = None
-        self.geometric, self.photometric = build_transforms(self.input_size, self.augment)
+        self.geometric, self.photometric = build_transforms(self.augment)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -112,13 +116,12 @@ class ChipPairDataset(Dataset):
             self.geometric.set_random_seed(sample_seed)
             out = self.geometric(image=pre, post=post)
             pre, post = out["image"], out["post"]
+        pre, post = resize_chip(pre, self.input_size), resize_chip(post, self.input_size)
+        if self.augment:
             self.photometric.set_random_seed(sample_seed + 1)
             pre = self.photometric(image=pre)["image"]
             self.photometric.set_random_seed(sample_seed + 2)
             post = self.photometric(image=post)["image"]
-        else:
-            out = self.geometric(image=pre, post=post)
-            pre, post = out["image"], out["post"]
         to_chw = lambda a: torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))  # noqa: E731
         return to_chw(pre), to_chw(post), int(self.labels[index])
 

@@ -36,3 +36,36 @@ def synthetic_scene(tmp_path_factory):
     from data_prep.synthetic_scene import make_scene
 
     return make_scene(tmp_path_factory.mktemp("scene"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def score_model(tmp_path_factory) -> Path:
+    """A tiny exported ONNX model (resnet18, 32 px, one epoch on synthetic xBD) for scoring tests.
+
+    Made by the real pipeline: make_xbd -> prepare_xbd -> make_splits -> train -> export_run.
+    """
+    from data_prep.spec import ChipSpec
+    from data_prep.split import make_splits
+    from data_prep.synthetic import make_xbd
+    from data_prep.xbd import prepare_xbd
+    from local_damage.config import load_yaml
+    from local_damage.export import export_run
+    from local_damage.train.config import Config
+    from local_damage.train.loop import train
+
+    root = tmp_path_factory.mktemp("score_model")
+    make_xbd(root / "xbd", seed=0)
+    prepare_xbd([root / "xbd"], root / "chips", spec=ChipSpec(chip_size=64, min_size=32))
+    make_splits(root / "chips", folds=3)
+    overrides = [
+        "model.encoder=resnet18",
+        "train.epochs=1",
+        "train.batch_size=8",
+        "data.input_size=32",
+        "model.proj_hidden=32",
+        "model.cls_hidden=32",
+        "model.embed_dim=16",
+    ]
+    train(load_yaml(Config, None, overrides), root / "chips", root / "run", fold=0, progress=False)
+    export_run(root / "run", root / "model.onnx")
+    return root / "model.onnx"

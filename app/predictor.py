@@ -1,0 +1,299 @@
+"""The ONNX Runtime predictor shared by the scoring commands and the web app (no torch).
+
+A local-damage model file (written by ``local-damage export``) takes uint8 RGB chip pairs
+``pre`` / ``post`` ``[N, S, S, 3]`` and returns ``logits`` ``[N, K]`` and ``embedding`` ``[N, D]``;
+its metadata props (JSON text) carry the class names, the chip spec the chips must be cut with,
+the input size ``S`` and what the model card shows. :class:`Predictor` opens one such file, checks
+it, and scores chip pairs of any size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from data_prep.spec import ChipSpec
+
+#: Model file layouts this predictor reads.
+SUPPORTED_FORMAT_VERSIONS = (1,)
+#: Metadata props every model must have.
+REQUIRED_METADATA = ("format_version", "class_names", "chip_spec", "input_size")
+INPUT_NAMES = ("pre", "post")
+OUTPUT_NAMES = ("logits", "embedding")
+#: Execution providers tried in this order when none are given.
+PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+class ModelError(ValueError):
+    """A file that is not a valid local-damage ONNX model; the message names the file and why."""
+
+
+class Prediction(NamedTuple):
+    """Scores of ``N`` chip pairs.
+
+    Attributes:
+        logits: ``[N, K]`` float32 class scores.
+        probabilities: ``[N, K]`` float32 softmax of the logits (rows sum to 1).
+        embedding: ``[N, D]`` float32 unit-norm joint embedding ``z``.
+    """
+
+    logits: np.ndarray
+    probabilities: np.ndarray
+    embedding: np.ndarray
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of ``[N, K]`` logits, float32, numerically stable."""
+    x = np.asarray(logits, dtype=np.float32)
+    if x.size == 0:
+        return x.copy()
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def resize_chips(chips: np.ndarray, size: int) -> np.ndarray:
+    """Resize uint8 ``[N, H, W, 3]`` chips to ``[N, size, size, 3]``.
+
+    Uses :func:`data_prep.windows.resize_chip`, the resampler training uses, so a model sees the
+    same pixels in service as in training; returned unchanged when already at ``size``.
+    """
+    n, h, w = chips.shape[:3]
+    if h == size and w == size:
+        return chips
+    if h != w:
+        raise ValueError(f"chips must be square, got {h}x{w}")
+    from data_prep.windows import resize_chip
+
+    out = np.empty((n, size, size, 3), np.uint8)
+    for i in range(n):
+        out[i] = resize_chip(chips[i], size)
+    return out
+
+
+def _session_options(threads: int | None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = int(threads)
+    options.inter_op_num_threads = 1
+    return options
+
+
+def default_providers() -> list[str]:
+    """CUDA first when this onnxruntime has it (onnxruntime-gpu), then CPU."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    chosen = [p for p in PREFERRED_PROVIDERS if p in available]
+    return chosen or ["CPUExecutionProvider"]
+
+
+class Predictor:
+    """One ONNX Runtime session over a local-damage model file.
+
+    Args:
+        path: the ``.onnx`` model file.
+        providers: onnxruntime execution providers in order of preference (default: CUDA when
+            available, then CPU).
+        threads: intra-op threads (default: onnxruntime's choice, one per physical core).
+
+    Attributes:
+        path: the model file.
+        spec: the :class:`~data_prep.spec.ChipSpec` chips must be cut with.
+        class_names: the ``K`` class names, in logit order.
+        input_size: side ``S`` of the model input in pixels.
+        embedding_dim: ``D``, the width of the embedding.
+        metadata: every metadata prop, parsed from JSON.
+        providers: the providers the session actually uses.
+
+    Raises:
+        ModelError: the file is missing, is not an ONNX model, lacks a required metadata prop,
+            or its inputs/outputs are not those of a local-damage model.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"{self.path}: model file not found")
+        try:
+            self._session = ort.InferenceSession(
+                str(self.path),
+                _session_options(threads),
+                providers=list(providers) if providers else default_providers(),
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types for bad files
+            raise ModelError(
+                f"{self.path}: not a loadable ONNX model ({type(exc).__name__}: {exc})"
+            ) from exc
+        self.providers: list[str] = list(self._session.get_providers())
+        raw = self._session.get_modelmeta().custom_metadata_map
+        self.metadata: dict[str, Any] = _parse_metadata(raw)
+        self._check()
+
+    def _fail(self, problem: str) -> ModelError:
+        return ModelError(f"{self.path}: {problem}")
+
+    def _check(self) -> None:
+        """Validate metadata, inputs and outputs; set spec, class_names, sizes."""
+        md = self.metadata
+        missing = [k for k in REQUIRED_METADATA if k not in md]
+        if missing:
+            raise self._fail(
+                f"missing metadata key(s) {', '.join(missing)}; not a model written by "
+                "`local-damage export`"
+            )
+        if md["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
+            raise self._fail(
+                f"model format version {md['format_version']!r} is not supported (this version "
+                f"reads {', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))}); update local-damage"
+            )
+        names = md["class_names"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise self._fail(f"metadata class_names must be a list of names, got {names!r}")
+        self.class_names: tuple[str, ...] = tuple(names)
+        size = md["input_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise self._fail(f"metadata input_size must be a positive integer, got {size!r}")
+        self.input_size: int = size
+        try:
+            if not isinstance(md["chip_spec"], dict):
+                raise TypeError("not a mapping")
+            self.spec: ChipSpec = ChipSpec.from_dict(md["chip_spec"])
+        except (TypeError, ValueError) as exc:
+            raise self._fail(f"metadata chip_spec {md['chip_spec']!r} is invalid ({exc})") from exc
+
+        inputs = {i.name: i for i in self._session.get_inputs()}
+        if sorted(inputs) != sorted(INPUT_NAMES):
+            raise self._fail(
+                f"inputs are {sorted(inputs)}, expected exactly {list(INPUT_NAMES)} "
+                "(uint8 [N, H, W, 3] chips)"
+            )
+        for name in INPUT_NAMES:
+            arg = inputs[name]
+            if arg.type != "tensor(uint8)":
+                raise self._fail(f"input {name!r} has type {arg.type}, expected tensor(uint8)")
+            shape = list(arg.shape)
+            static_hw = [d for d in shape[1:3] if isinstance(d, int)]
+            if len(shape) != 4 or shape[3] != 3 or any(d != size for d in static_hw):
+                raise self._fail(
+                    f"input {name!r} has shape {shape}, expected [N, {size}, {size}, 3]"
+                )
+        outputs = {o.name: o for o in self._session.get_outputs()}
+        absent = [n for n in OUTPUT_NAMES if n not in outputs]
+        if absent:
+            raise self._fail(
+                f"outputs are {sorted(outputs)}; missing {', '.join(absent)} "
+                f"(expected {list(OUTPUT_NAMES)})"
+            )
+        k = outputs["logits"].shape[-1] if outputs["logits"].shape else None
+        if isinstance(k, int) and k != len(self.class_names):
+            raise self._fail(
+                f"logits have {k} classes but metadata class_names lists {len(self.class_names)}"
+            )
+        d = outputs["embedding"].shape[-1] if outputs["embedding"].shape else None
+        self.embedding_dim: int = d if isinstance(d, int) else int(md.get("embedding_dim") or 0)
+
+    def predict(self, pre: np.ndarray, post: np.ndarray, batch_size: int = 32) -> Prediction:
+        """Score chip pairs.
+
+        Args:
+            pre: uint8 ``[N, H, W, 3]`` RGB chips cut with :attr:`spec` from the pre image; any
+                ``H`` and ``W`` (resized to :attr:`input_size`).
+            post: the same buildings from the post image, same shape.
+            batch_size: pairs per ONNX Runtime call.
+
+        Returns:
+            A :class:`Prediction`; ``N = 0`` gives empty ``[0, K]`` and ``[0, D]`` arrays.
+
+        Raises:
+            ValueError: the arrays are not uint8 ``[N, H, W, 3]`` of equal shape.
+        """
+        pre, post = np.asarray(pre), np.asarray(post)
+        for name, arr in (("pre", pre), ("post", post)):
+            if arr.ndim != 4 or arr.shape[-1] != 3:
+                raise ValueError(f"{name} chips must be [N, H, W, 3] RGB, got shape {arr.shape}")
+            if arr.dtype != np.uint8:
+                raise ValueError(f"{name} chips must be uint8 (0-255), got {arr.dtype}")
+        if pre.shape != post.shape:
+            raise ValueError(f"pre and post chips differ in shape: {pre.shape} vs {post.shape}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        n, k = len(pre), len(self.class_names)
+        if n == 0:
+            empty = np.zeros((0, k), np.float32)
+            return Prediction(empty, empty.copy(), np.zeros((0, self.embedding_dim), np.float32))
+        logits, embedding = [], []
+        for i in range(0, n, batch_size):
+            a = np.ascontiguousarray(resize_chips(pre[i : i + batch_size], self.input_size))
+            b = np.ascontiguousarray(resize_chips(post[i : i + batch_size], self.input_size))
+            lo, em = self._session.run(list(OUTPUT_NAMES), {"pre": a, "post": b})
+            logits.append(np.asarray(lo, dtype=np.float32))
+            embedding.append(np.asarray(em, dtype=np.float32))
+        lo = np.concatenate(logits)
+        return Prediction(lo, softmax(lo), np.concatenate(embedding))
+
+    def card(self) -> dict[str, Any]:
+        """What a model picker shows: name, classes, training data, validation metrics, licence,
+        chip spec, input size, precision, parity, and the providers in use."""
+        md = self.metadata
+        config = md.get("config") or {}
+        model_cfg = config.get("model", {}) if isinstance(config, dict) else {}
+        loss_cfg = config.get("loss", {}) if isinstance(config, dict) else {}
+        return {
+            "name": self.path.stem,
+            "path": str(self.path),
+            "size_mb": round(self.path.stat().st_size / 1e6, 2),
+            "classes": list(self.class_names),
+            "encoder": model_cfg.get("encoder"),
+            "method": loss_cfg.get("method"),
+            "precision": md.get("precision", "fp32"),
+            "input_size": self.input_size,
+            "embedding_dim": self.embedding_dim,
+            "chip_spec": self.spec.to_dict(),
+            "training_data": md.get("training_data"),
+            "validation_metrics": md.get("validation_metrics"),
+            "license": md.get("license"),
+            "parity": md.get("parity"),
+            "created_by": md.get("created_by"),
+            "created": md.get("created"),
+            "format_version": md.get("format_version"),
+            "providers": list(self.providers),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Predictor({str(self.path)!r}, classes={len(self.class_names)}, "
+            f"input_size={self.input_size}, providers={self.providers})"
+        )
+
+
+def _parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            out[key] = json.loads(value)
+        except (json.JSONDecodeError, TypeError):
+            out[key] = value
+    return out
+
+
+def list_models(folder: str | os.PathLike = "models") -> list[Path]:
+    """The ``.onnx`` files in ``folder`` (not recursive), sorted by name; empty when absent."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix == ".onnx" and p.is_file())

@@ -1,0 +1,210 @@
+"""`local-damage export`: graph contract, metadata, parity with PyTorch, int8 / fp16 reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_prep.spec import CLASS_NAMES
+
+
+@pytest.fixture(scope="module")
+def tiny_run(score_model) -> Path:
+    """The run folder behind the shared tiny exported model (resnet18, 32 px, 1 epoch)."""
+    run = score_model.parent / "run"
+    assert (run / "best.safetensors").is_file(), f"{run}: expected a trained run folder"
+    return run
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_run, tmp_path_factory):
+    """(model path, report) of an fp32 export made through the CLI."""
+    from local_damage.cli import main
+
+    out = tmp_path_factory.mktemp("export") / "models" / "tiny.onnx"
+    assert main(["export", "--run", str(tiny_run), "--out", str(out)]) == 0
+    report = json.loads(out.with_suffix(".parity.json").read_text())
+    return out, report
+
+
+def _props(path: Path) -> dict:
+    import onnx
+
+    proto = onnx.load(str(path))
+    return {p.key: json.loads(p.value) for p in proto.metadata_props}
+
+
+def test_graph_inputs_outputs_and_dynamic_batch(exported, tiny_run):
+    import onnx
+    import yaml
+
+    path, _ = exported
+    size = yaml.safe_load((tiny_run / "config.yaml").read_text())["data"]["input_size"]
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    inputs = {i.name: i.type.tensor_type for i in proto.graph.input}
+    assert sorted(inputs) == ["post", "pre"]
+    for t in inputs.values():
+        assert t.elem_type == onnx.TensorProto.UINT8
+        dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+        assert isinstance(dims[0], str) and dims[1:] == [size, size, 3]
+    assert [o.name for o in proto.graph.output] == ["logits", "embedding"]
+
+    from local_damage.export import ort_session
+
+    session = ort_session(path)
+    rng = np.random.default_rng(3)
+    for n in (1, 5):
+        pre = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+        post = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+        logits, emb = session.run(None, {"pre": pre, "post": post})
+        assert logits.shape == (n, len(CLASS_NAMES)) and logits.dtype == np.float32
+        assert emb.shape[0] == n
+        np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_metadata_carries_run_facts(exported, tiny_run):
+    import csv
+
+    import yaml
+
+    path, report = exported
+    props = _props(path)
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    config = yaml.safe_load((tiny_run / "config.yaml").read_text())
+    assert props["class_names"] == list(CLASS_NAMES)
+    assert props["chip_spec"] == summary["chip_spec"]
+    assert props["input_size"] == config["data"]["input_size"]
+    assert props["embedding_dim"] == config["model"]["embed_dim"]
+    assert props["config"] == config
+    assert props["precision"] == "fp32"
+    assert props["format_version"] == 1
+    assert props["created_by"].startswith("local-damage ")
+    vm = props["validation_metrics"]
+    assert vm["fold"] == summary["fold"] == 0
+    assert vm["macro_f1"] == pytest.approx(summary["best_val_macro_f1"])
+    with open(tiny_run / "metrics.csv", newline="") as fh:
+        best = [r for r in csv.DictReader(fh) if int(r["epoch"]) == summary["best_epoch"]][0]
+    assert vm["accuracy"] == pytest.approx(float(best["val_accuracy"]))
+    td = props["training_data"]
+    assert td["events"] == summary["events"]
+    assert td["chips"] == summary["chips"]
+    assert "synthetic" in td["source"] and "credit" not in td
+    assert props["license"] is None  # synthetic imagery: no third-party terms
+    assert props["parity"] == report
+
+
+def test_xbd_training_data_carries_its_licence():
+    from local_damage.export import XBD_CREDIT, training_data_info
+
+    info, licence = training_data_info(
+        {"source": "xbd"}, ["santa-rosa-wildfire", "joplin-tornado"], "/data/chips", 100
+    )
+    assert licence == "CC BY-NC-SA 4.0"
+    assert info["credit"] == XBD_CREDIT and "Gupta" in info["credit"]
+    assert info["events"] == ["joplin-tornado", "santa-rosa-wildfire"]
+    info, licence = training_data_info({"source": "xbd"}, ["synthetic-flood"], None, 3)
+    assert licence is None and "credit" not in info
+    info, licence = training_data_info({"source": "scene"}, ["joplin"], None, 3)
+    assert licence is None and info["source"] == "scene"
+
+
+def test_parity_with_pytorch_computed_independently(exported, tiny_run):
+    """ONNX Runtime on the validation chips against the run's model in plain PyTorch."""
+    import onnxruntime as ort
+    import torch
+
+    from data_prep.split import fold_indices
+    from local_damage.config import load_yaml
+    from local_damage.data import ChipPairDataset, normalize
+    from local_damage.models import build_model
+    from local_damage.train.checkpoint import load_weights
+    from local_damage.train.config import Config
+    from local_damage.train.loop import model_config_for
+
+    path, report = exported
+    cfg = load_yaml(Config, tiny_run / "config.yaml")
+    model = build_model(model_config_for(cfg)).eval()
+    load_weights(model, tiny_run / "best.safetensors")
+    chips = json.loads((tiny_run / "summary.json").read_text())["chips"]
+    _, val_ids = fold_indices(chips, 0)
+    ds = ChipPairDataset(chips, val_ids, cfg.data.input_size, augment=False)
+    pre = torch.stack([ds[i][0] for i in range(len(ds))])  # uint8 [N, 3, S, S]
+    post = torch.stack([ds[i][1] for i in range(len(ds))])
+    with torch.no_grad():
+        t_logits, t_z = model.predict(normalize(pre), normalize(post))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    o_logits, o_z = session.run(
+        None,
+        {
+            "pre": pre.permute(0, 2, 3, 1).contiguous().numpy(),
+            "post": post.permute(0, 2, 3, 1).contiguous().numpy(),
+        },
+    )
+    diff = np.abs(o_logits - t_logits.numpy()).max()
+    assert diff <= 1e-4
+    np.testing.assert_allclose(o_z, t_z.numpy(), atol=1e-4)
+    assert report["chips"]["count"] == len(ds)
+    assert report["fp32"]["max_abs_logit_diff_vs_pytorch"] <= 1e-4
+    assert report["fp32"]["max_abs_logit_diff_vs_pytorch"] == pytest.approx(diff, abs=1e-5)
+
+
+def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
+    import onnx
+
+    from local_damage.export import export_run
+
+    for kwargs, name in (({"quantize": "int8"}, "int8"), ({"fp16": True}, "fp16")):
+        out = tmp_path / f"tiny-{name}.onnx"
+        report = export_run(tiny_run, out, **kwargs)
+        v = report[name]
+        assert 0.0 <= v["argmax_agreement_with_fp32"] <= 1.0
+        assert v["meets_target"] == (v["argmax_agreement_with_fp32"] >= 0.99)
+        assert v["macro_f1_diff_vs_fp32"] == pytest.approx(
+            v["macro_f1"] - report["fp32"]["macro_f1"], abs=1e-5
+        )
+        assert json.loads(out.with_suffix(".parity.json").read_text()) == report
+        proto = onnx.load(str(out))
+        props = {p.key: json.loads(p.value) for p in proto.metadata_props}
+        assert props["precision"] == name and props["parity"][name] == v
+        assert props["class_names"] == list(CLASS_NAMES)
+        inputs = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
+        assert inputs == {"pre": onnx.TensorProto.UINT8, "post": onnx.TensorProto.UINT8}
+        ops = {n.op_type for n in proto.graph.node}
+        if name == "int8":
+            assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+        else:
+            types = {t.data_type for t in proto.graph.initializer}
+            assert onnx.TensorProto.FLOAT16 in types
+            outputs = {o.name: o.type.tensor_type.elem_type for o in proto.graph.output}
+            assert outputs["logits"] == onnx.TensorProto.FLOAT
+
+
+def test_parity_failure_writes_nothing(tiny_run, tmp_path, monkeypatch):
+    from local_damage import export
+
+    monkeypatch.setattr(export, "LOGIT_TOLERANCE", -1.0)  # no difference can pass
+    out = tmp_path / "never.onnx"
+    with pytest.raises(export.ExportError, match="differ from PyTorch"):
+        export.export_run(tiny_run, out)
+    assert not out.exists() and not out.with_suffix(".parity.json").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_runs_give_clear_errors(tiny_run, tmp_path, capsys):
+    from local_damage.cli import main
+    from local_damage.export import ExportError, export_run
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["export", "--run", str(empty), "--out", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "config.yaml" in err and str(empty) in err
+    with pytest.raises(ExportError, match="--chips"):
+        export_run(tiny_run, tmp_path / "m.onnx", chips=tmp_path / "no-store")
+    with pytest.raises(ExportError, match=r"\.onnx"):
+        export_run(tiny_run, tmp_path / "m.bin")
+    assert not (tmp_path / "m.onnx").exists()
