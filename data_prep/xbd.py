@@ -180,7 +180,10 @@ def _point_xy(points: np.ndarray) -> np.ndarray:
 
 
 def parse_buildings(
-    path: Path, report: PrepareReport, include_unclassified: bool = False
+    path: Path,
+    report: PrepareReport,
+    include_unclassified: bool = False,
+    ignore_labels: bool = False,
 ) -> tuple[str | None, list[Building]]:
     """Read the buildings of one post-disaster label file.
 
@@ -192,6 +195,9 @@ def parse_buildings(
         path: the ``*_post_disaster.json`` label file.
         report: where skipped and excluded buildings are recorded.
         include_unclassified: keep un-classified buildings as unlabelled.
+        ignore_labels: read footprints only: every building gets label -1 whatever its subtype
+            (also when it has none, as in pre-disaster label files), and none is excluded or
+            skipped for its subtype (used when scoring).
 
     Returns:
         ``(event, buildings)``: the label's ``metadata.disaster`` (None when absent) and the
@@ -226,7 +232,9 @@ def parse_buildings(
         if props.get("feature_type", "building") != "building":
             continue
         subtype = props.get("subtype")
-        if str(subtype).strip().lower() == UNCLASSIFIED:
+        if ignore_labels:
+            label = UNLABELLED
+        elif str(subtype).strip().lower() == UNCLASSIFIED:
             if not include_unclassified:
                 report.excluded_unclassified += 1
                 continue

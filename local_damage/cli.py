@@ -14,6 +14,7 @@ from local_damage import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app import cli as app_cli
     from data_prep import cli as data_prep_cli
     from local_damage import bench_infer, bench_train, cv, evaluate, export, geometry
     from local_damage.train import cli as train_cli
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_prep_cli.register(sub)
     geometry.add_parser(sub)
     train_cli.add_parser(sub)
+    app_cli.add_parser(sub)
     evaluate.add_parser(sub)
     cv.add_parser(sub)
     export.add_parser(sub)

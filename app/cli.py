@@ -1,0 +1,253 @@
+"""Command-line parsers for `score` and `score-batch` (no heavy imports at module level)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from contextlib import contextmanager
+
+#: Default chips per inference batch.
+BATCH_SIZE = 32
+#: Default side, in grid pixels, of the blocks whose buildings share one read.
+BLOCK_SIZE = 1024
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, metavar="ONNX", help="model file from `local-damage export`"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=BATCH_SIZE,
+        metavar="N",
+        help=f"chips per inference batch (default {BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive,
+        default=BLOCK_SIZE,
+        metavar="PX",
+        help="side in pre-grid pixels of the blocks whose buildings share one windowed read; "
+        f"memory grows with its square, not with the scene (default {BLOCK_SIZE})",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _load_model(path: str):
+    """The predictor, or None after printing why the model cannot be used."""
+    from app.predictor import ModelError, Predictor
+
+    try:
+        return Predictor(path)
+    except ModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    from app.outputs import OutputError
+    from data_prep.imagery import ImageError
+    from data_prep.mosaic import SceneError
+
+    return SceneError, ImageError, OutputError
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    from app.score import check_outputs, score_scene, score_xbd
+
+    errors = _input_errors()
+    try:
+        check_outputs(args.out, args.raster, args.overlay)
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.labels and (len(args.pre) != 1 or len(args.post) != 1):
+        print(
+            "error: --labels (xBD mode) takes exactly one --pre and one --post image; "
+            "use --buildings for mosaics of georeferenced tiles",
+            file=sys.stderr,
+        )
+        return 2
+    predictor = _load_model(args.model)
+    if predictor is None:
+        return 2
+    common = {
+        "raster": args.raster,
+        "overlay": args.overlay,
+        "batch_size": args.batch_size,
+        "progress": not args.quiet,
+    }
+    try:
+        if args.labels:
+            report = score_xbd(
+                predictor, args.pre[0], args.post[0], args.labels, args.out, **common
+            )
+        else:
+            report = score_scene(
+                predictor,
+                args.pre,
+                args.post,
+                args.buildings,
+                args.out,
+                block_size=args.block_size,
+                **common,
+            )
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary(), file=sys.stderr)
+    return 0 if report.scored else 1
+
+
+@contextmanager
+def _interrupt_on_sigterm():
+    """Turn SIGTERM into KeyboardInterrupt, so temporary files are removed on the way out."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_score_batch(args: argparse.Namespace) -> int:
+    from app.score import parse_shard, read_scene_list, score_batch, summary_path
+
+    errors = _input_errors()
+    shard = None
+    if args.shard:
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        scenes, problems = read_scene_list(args.scenes)
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not scenes and not problems:
+        print(f"error: {args.scenes}: lists no scenes", file=sys.stderr)
+        return 2
+    predictor = _load_model(args.model)
+    if predictor is None:
+        return 2
+    with _interrupt_on_sigterm():
+        report = score_batch(
+            predictor,
+            scenes,
+            args.out,
+            fmt=args.format,
+            raster=args.raster,
+            overlay=args.overlay,
+            resume=args.resume,
+            shard=shard,
+            problems=problems,
+            batch_size=args.batch_size,
+            block_size=args.block_size,
+            progress=not args.quiet,
+        )
+    print(report.summary(), file=sys.stderr)
+    print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
+    return report.exit_code()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add `score` and `score-batch` to the top-level subcommands."""
+    score = sub.add_parser(
+        "score",
+        help="grade every building of a scene with an ONNX model (no PyTorch needed)",
+        description=(
+            "Grade the damage of every building of a scene with an exported ONNX model. Chips are "
+            "cut with the model's own chip spec by the same code as in training. Scene mode: "
+            "georeferenced pre/post GeoTIFF tiles (any CRS and resolution) with a footprint file "
+            "(--buildings). xBD mode: one pixel-aligned pre/post image pair with an xBD label JSON "
+            "(--labels). Writes one feature per input building with damage, damage_id, p_<class>, "
+            "confidence and status (scored, not_covered, skipped: reason)."
+        ),
+    )
+    score.add_argument(
+        "--pre", nargs="+", required=True, metavar="PATH", help="pre-disaster image(s)"
+    )
+    score.add_argument(
+        "--post", nargs="+", required=True, metavar="PATH", help="post-disaster image(s)"
+    )
+    source = score.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--buildings",
+        metavar="FILE",
+        help="building footprints (GeoJSON, GeoPackage or Shapefile, any CRS)",
+    )
+    source.add_argument(
+        "--labels", metavar="XBD_JSON", help="xBD label JSON whose features.xy are the buildings"
+    )
+    score.add_argument(
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="per-building output: .geojson (RFC 7946, EPSG:4326) or .gpkg (pre-grid CRS)",
+    )
+    score.add_argument(
+        "--raster",
+        metavar="OUT.tif",
+        help="also write a Cloud-Optimised GeoTIFF of class ids on the pre grid (255 = none)",
+    )
+    score.add_argument(
+        "--overlay",
+        metavar="OUT.png",
+        help="also write a PNG of the post image with footprints in class colours",
+    )
+    _common(score)
+    score.set_defaults(func=_run_score)
+
+    batch = sub.add_parser(
+        "score-batch",
+        help="score many scenes with one model load; resumable, shardable",
+        description=(
+            "Score every scene of a CSV (columns pre, post, buildings, optional name; several "
+            "files separated by ';'; relative paths from the CSV's folder) or of a folder of "
+            "scene folders (each with pre/*.tif, post/*.tif and one footprint file). Writes "
+            "OUT/<scene>.geojson (or .gpkg, plus .tif/.png when asked) and OUT/summary.json. A "
+            "bad scene is reported and the rest go on; the exit status is non-zero only when "
+            "no scene succeeded."
+        ),
+    )
+    batch.add_argument(
+        "--scenes", required=True, metavar="CSV|DIR", help="scene list CSV or folder of scenes"
+    )
+    batch.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    batch.add_argument(
+        "--format",
+        choices=("geojson", "gpkg"),
+        default="geojson",
+        help="per-building output format (default geojson)",
+    )
+    batch.add_argument("--raster", action="store_true", help="also write OUT/<scene>.tif")
+    batch.add_argument("--overlay", action="store_true", help="also write OUT/<scene>.png")
+    batch.add_argument(
+        "--resume", action="store_true", help="skip scenes whose outputs already exist"
+    )
+    batch.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="score only shard I of N (1 <= I <= N; scenes assigned by a stable hash of their "
+        "name, the same on every machine); the summary is OUT/summary-I-of-N.json",
+    )
+    _common(batch)
+    batch.set_defaults(func=_run_score_batch)

@@ -1,0 +1,1129 @@
+"""Scoring: a damage grade and class probabilities for every building of a scene, without torch.
+
+Chips are cut by the same ``data_prep`` code that made the training chips, with the chip spec
+stored in the model, and graded by an ONNX model through :class:`app.predictor.Predictor`:
+
+- :func:`score_scene`: georeferenced pre/post GeoTIFF tiles (any CRS and resolution, mosaicked
+  virtually on the pre grid, post warped onto it) and a footprint file (GeoJSON, GeoPackage or
+  Shapefile, any CRS). Buildings are read one block of the grid at a time
+  (:func:`data_prep.scene.iter_building_chips`), so memory does not grow with the scene's size.
+- :func:`score_xbd`: one xBD pre/post image pair (PNG or TIFF, pixel aligned) and an xBD label
+  JSON whose ``features.xy`` polygons are the buildings.
+- :func:`score_batch`: many scenes listed in a CSV or as scene folders, one output per scene,
+  resumable and split into shards for several machines.
+
+Each input feature gives one output feature: its geometry and attributes (an input attribute
+whose name an output column takes is renamed ``input_<name>``), then ``damage`` (class name),
+``damage_id`` (0-3), one ``p_<class>`` probability per class (``-`` becomes ``_``),
+``confidence`` (the largest probability) and ``status``: ``scored``, ``not_covered`` (not
+entirely inside valid pre and post imagery) or ``skipped: <reason>``; the score columns are null
+for buildings that were not scored. Outputs are written under temporary names and renamed into
+place; the vector file is written last, so its presence means the scene is finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from app.outputs import (
+    FORMAT_SUFFIX,
+    OutputError,
+    overlay_size,
+    vector_format,
+)
+from data_prep.mosaic import SceneError
+from data_prep.report import Skipped
+
+if TYPE_CHECKING:
+    from app.predictor import Predictor
+
+#: ``status`` of a building that was graded.
+SCORED = "scored"
+#: ``status`` of a building not entirely inside valid pre and post imagery.
+NOT_COVERED = "not_covered"
+#: ``status`` prefix of a building left out, followed by the reason.
+SKIPPED = "skipped"
+#: Default side, in grid pixels, of the blocks whose buildings share one read.
+BLOCK_SIZE = 1024
+#: Footprint file suffixes recognised in scene folders.
+FOOTPRINT_SUFFIXES = (".geojson", ".json", ".gpkg", ".shp", ".fgb")
+#: GeoTIFF suffixes recognised in scene folders.
+RASTER_SUFFIXES = (".tif", ".tiff")
+#: Summary of a batch (``summary-<i>-of-<n>.json`` for a shard).
+BATCH_SUMMARY = "summary.json"
+#: GDAL raster block cache while scoring, in MiB, unless GDAL_CACHEMAX is set in the environment.
+#: GDAL's own default (5% of RAM) lets the cache of decoded blocks grow with the scene.
+GDAL_CACHE_MB = 16
+
+
+@contextmanager
+def bounded_gdal_cache():
+    """A rasterio environment whose GDAL block cache is :data:`GDAL_CACHE_MB` MiB (or, when
+    the environment variable is set, ``GDAL_CACHEMAX``)."""
+    import rasterio
+
+    if os.environ.get("GDAL_CACHEMAX"):
+        with rasterio.Env():
+            yield
+        return
+    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB * 2**20):
+        yield
+
+
+@dataclass
+class ScoreReport:
+    """What scoring one scene produced.
+
+    Attributes:
+        scene: scene name.
+        class_names: the model's classes.
+        buildings: features in the input (one output feature each).
+        per_class: scored buildings per predicted class name.
+        not_covered: buildings not entirely inside valid pre and post imagery.
+        skipped: buildings and tiles left out, with the reason.
+        outputs: kind (``vector``, ``raster``, ``overlay``) -> path written.
+        seconds: wall time of the whole scene (chips, inference and writing).
+    """
+
+    scene: str
+    class_names: tuple[str, ...]
+    buildings: int = 0
+    per_class: Counter = field(default_factory=Counter)
+    not_covered: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def scored(self) -> int:
+        return int(sum(self.per_class.values()))
+
+    @property
+    def buildings_per_second(self) -> float:
+        return self.buildings / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "scene": self.scene,
+            "buildings": self.buildings,
+            "scored": self.scored,
+            "per_class": {name: self.per_class.get(name, 0) for name in self.class_names},
+            "not_covered": self.not_covered,
+            "skipped": [{"item": s.item, "reason": s.reason} for s in self.skipped],
+            "outputs": dict(self.outputs),
+            "seconds": round(self.seconds, 3),
+            "buildings_per_second": round(self.buildings_per_second, 2),
+            "scored_per_second": round(self.scored / self.seconds if self.seconds > 0 else 0.0, 2),
+        }
+
+    def summary(self) -> str:
+        lines = [
+            f"scene {self.scene}: {self.buildings} building(s), {self.scored} scored in "
+            f"{self.seconds:.1f} s ({self.buildings_per_second:.1f} buildings/s, "
+            f"{self.scored / self.seconds if self.seconds > 0 else 0.0:.1f} scored/s)",
+            "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
+        ]
+        if self.not_covered:
+            lines.append(f"not covered by both pre and post imagery: {self.not_covered}")
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} item(s):")
+            lines.extend(f"  - {s}" for s in self.skipped)
+        lines.extend(f"wrote {path}" for path in self.outputs.values())
+        return "\n".join(lines)
+
+
+def probability_columns(class_names: Sequence[str]) -> list[str]:
+    """Output column of each class probability: ``p_`` + the name with ``-`` as ``_``."""
+    return ["p_" + name.replace("-", "_").replace(" ", "_") for name in class_names]
+
+
+def check_outputs(
+    out: str | os.PathLike,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+) -> str:
+    """Validate output paths before any work; returns the vector format.
+
+    Raises:
+        OutputError: an unknown vector suffix, a raster that is not ``.tif``/``.tiff`` or an
+            overlay that is not ``.png``.
+    """
+    fmt = vector_format(out)
+    if raster is not None and Path(raster).suffix.lower() not in RASTER_SUFFIXES:
+        raise OutputError(f"{raster}: the class raster is a GeoTIFF; give a .tif path")
+    if overlay is not None and Path(overlay).suffix.lower() != ".png":
+        raise OutputError(f"{overlay}: the overlay is written as PNG; give a .png path")
+    return fmt
+
+
+class _Scores:
+    """Per-feature results: status text, class id (-1 unscored) and probabilities (NaN)."""
+
+    def __init__(self, n: int, k: int):
+        self.status = np.full(n, NOT_COVERED, dtype=object)
+        self.class_id = np.full(n, -1, dtype=np.int64)
+        self.probs = np.full((n, k), np.nan, dtype=np.float64)
+
+    def columns(self, class_names: Sequence[str]) -> tuple[dict, dict]:
+        unscored = self.class_id < 0
+        names = np.array(list(class_names), dtype=object)
+        damage = np.where(unscored, None, names[np.clip(self.class_id, 0, len(names) - 1)])
+        cols: dict[str, np.ndarray] = {
+            "damage": damage.astype(object),
+            "damage_id": np.where(unscored, 0, self.class_id).astype(np.int32),
+        }
+        masks: dict[str, np.ndarray] = {"damage": unscored, "damage_id": unscored}
+        for j, col in enumerate(probability_columns(class_names)):
+            cols[col] = np.where(unscored, 0.0, np.round(self.probs[:, j], 6))
+            masks[col] = unscored
+        cols["confidence"] = np.where(
+            unscored, 0.0, np.round(np.nan_to_num(self.probs).max(axis=1), 6)
+        )
+        masks["confidence"] = unscored
+        cols["status"] = self.status.astype(object)
+        return cols, masks
+
+
+class _Batcher:
+    """Collects chip pairs and grades them ``batch_size`` at a time."""
+
+    def __init__(self, predictor: Predictor, scores: _Scores, batch_size: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.predictor, self.scores, self.batch_size = predictor, scores, batch_size
+        self.rows: list[int] = []
+        self.pre: list[np.ndarray] = []
+        self.post: list[np.ndarray] = []
+
+    def add(self, row: int, pre: np.ndarray, post: np.ndarray) -> None:
+        self.rows.append(row)
+        self.pre.append(pre)
+        self.post.append(post)
+        if len(self.rows) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        pred = self.predictor.predict(
+            np.stack(self.pre), np.stack(self.post), batch_size=self.batch_size
+        )
+        probs = np.asarray(pred.probabilities, dtype=np.float64)
+        rows = np.asarray(self.rows)
+        self.scores.probs[rows] = probs
+        self.scores.class_id[rows] = probs.argmax(axis=1)
+        self.scores.status[rows] = SCORED
+        self.rows, self.pre, self.post = [], [], []
+
+
+def _merge_attributes(
+    attributes: Mapping[str, np.ndarray], score_columns: Mapping[str, np.ndarray]
+) -> tuple[dict, dict[str, str]]:
+    """Input attributes first, renamed ``input_<name>`` where an output column takes the name."""
+    taken = {c.lower() for c in score_columns}
+    merged: dict[str, np.ndarray] = {}
+    renamed: dict[str, str] = {}
+    for name, values in attributes.items():
+        new = name
+        while new.lower() in taken or new.lower() in {m.lower() for m in merged}:
+            new = f"input_{new}"
+        if new != name:
+            renamed[name] = new
+        merged[new] = values
+    return merged, renamed
+
+
+def _report_counts(report: ScoreReport, scores: _Scores) -> None:
+    for cid in scores.class_id[scores.class_id >= 0]:
+        report.per_class[report.class_names[int(cid)]] += 1
+    report.not_covered = int(np.sum(scores.status == NOT_COVERED))
+
+
+@contextmanager
+def _all_or_nothing(report: ScoreReport):
+    """Remove the outputs already written for a scene when a later step fails."""
+    try:
+        yield
+    except BaseException:
+        for path in report.outputs.values():
+            Path(path).unlink(missing_ok=True)
+        report.outputs.clear()
+        raise
+
+
+def _model_metadata(predictor: Predictor) -> dict[str, str]:
+    try:
+        card = predictor.card()
+    except Exception:  # the card is informative only
+        card = {}
+    return {"local_damage_model": json.dumps(card, default=str, sort_keys=True)}
+
+
+# --------------------------------------------------------------------------- scene mode
+
+
+@dataclass
+class _FeatureTable:
+    """All features of a footprint file: source geometries, attributes, ids and CRS."""
+
+    geometries: np.ndarray  # [N] shapely or None, in the file's CRS
+    attributes: dict[str, np.ndarray]
+    masks: dict[str, np.ndarray]
+    uids: list[str]
+    crs: str
+
+
+def _read_features(path: str | os.PathLike, layer=None) -> _FeatureTable:
+    """Every feature of a footprint file, as OGR reads it (the same read as load_footprints)."""
+    import shapely
+    from pyogrio.raw import read
+
+    meta, fids, wkb, values = read(str(path), layer=layer, force_2d=True, return_fids=True)
+    n = 0 if wkb is None else len(wkb)
+    geoms = np.empty(n, dtype=object)
+    geoms[:] = [None if g is None else shapely.from_wkb(g) for g in (wkb if n else [])]
+    attributes: dict[str, np.ndarray] = {}
+    masks: dict[str, np.ndarray] = {}
+    for name, arr in zip(meta["fields"], values, strict=True):
+        arr = np.asarray(arr)
+        if arr.dtype == object:
+            masks[str(name)] = np.array([v is None for v in arr], dtype=bool)
+        elif np.issubdtype(arr.dtype, np.floating):
+            masks[str(name)] = ~np.isfinite(arr)
+        attributes[str(name)] = arr
+    fids = np.arange(n) if fids is None else np.asarray(fids)
+    uid = attributes.get("uid")
+    texts = None if uid is None else ["" if v is None else str(v) for v in uid]
+    if texts is not None and all(texts) and len(set(texts)) == len(texts):
+        uids = texts
+    else:
+        uids = [str(int(f)) for f in fids]
+    return _FeatureTable(geoms, attributes, masks, uids, meta.get("crs") or "")
+
+
+def _to_crs(geometries: np.ndarray, src, dst) -> np.ndarray:
+    """Reproject geometries (None kept); those that cannot be transformed become None."""
+    import shapely
+
+    from data_prep.mosaic import reproject_geometries
+
+    out = np.empty(len(geometries), dtype=object)
+    present = np.array([g is not None for g in geometries], dtype=bool)
+    if present.any():
+        moved = reproject_geometries(geometries[present], src, dst)
+        finite = np.isfinite(shapely.bounds(moved)).all(axis=1)
+        out[np.flatnonzero(present)] = np.where(finite, moved, None)
+    return out
+
+
+def score_scene(
+    predictor: Predictor,
+    pre: Sequence[str | os.PathLike],
+    post: Sequence[str | os.PathLike],
+    buildings: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+    batch_size: int = 32,
+    block_size: int = BLOCK_SIZE,
+    name: str | None = None,
+    progress: bool = True,
+) -> ScoreReport:
+    """Grade every building of a georeferenced scene and write the outputs.
+
+    Args:
+        predictor: the loaded ONNX model (its chip spec decides how chips are cut).
+        pre: pre-disaster GeoTIFF tiles (any CRS and resolution; earlier wins on overlaps).
+        post: post-disaster GeoTIFF tiles.
+        buildings: footprint file (GeoJSON, GeoPackage or Shapefile, any CRS).
+        out: ``.geojson`` (RFC 7946, EPSG:4326) or ``.gpkg`` (pre-grid CRS) per-building output.
+        raster: optional ``.tif``: Cloud-Optimised GeoTIFF of class ids on the pre grid.
+        overlay: optional ``.png``: post image with footprints in class colours and a legend.
+        batch_size: chips per inference batch.
+        block_size: side in grid pixels of the blocks whose buildings share one read; memory
+            grows with its square, not with the scene.
+        name: scene name (default: the footprint file's stem); the GeoPackage layer name.
+        progress: show a progress bar over buildings.
+
+    Returns:
+        The report (per-class counts, not covered, skipped, outputs, time).
+
+    Raises:
+        SceneError: no usable pre or post tile, pre and post without overlap, an unreadable or
+            empty footprint file, or footprints outside the imagery (nothing is written).
+        OutputError: an output path with an unusable suffix (checked before any work).
+    """
+    from data_prep.footprints import load_footprints
+    from data_prep.mosaic import open_scene
+    from data_prep.scene import NOT_COVERED as CUT_NOT_COVERED
+    from data_prep.scene import SKIPPED as CUT_SKIPPED
+    from data_prep.scene import check_overlap, iter_building_chips
+
+    start = time.perf_counter()
+    fmt = check_outputs(out, raster, overlay)
+    name = name or Path(buildings).stem
+    class_names = tuple(predictor.class_names)
+    report = ScoreReport(scene=name, class_names=class_names)
+    with bounded_gdal_cache(), open_scene(pre, post) as scene:
+        footprints = load_footprints(buildings, scene.grid.crs)
+        check_overlap(footprints, scene)
+        table = _read_features(buildings)
+        n = len(table.geometries)
+        report.buildings = n
+        scores = _Scores(n, len(class_names))
+        # features load_footprints left out keep their reason
+        reasons = {s.item: s.reason for s in footprints.skipped}
+        kept = np.zeros(n, dtype=bool)
+        kept[footprints.rows] = True
+        for row in np.flatnonzero(~kept):
+            item = f"{footprints.path} feature {table.uids[row]}"
+            reason = reasons.get(item, "not a usable building polygon")
+            scores.status[row] = f"{SKIPPED}: {reason}"
+            report.skipped.append(Skipped(item, reason))
+
+        batcher = _Batcher(predictor, scores, batch_size)
+        for b in iter_building_chips(
+            scene, footprints, predictor.spec, block_size=block_size, progress=progress
+        ):
+            row = int(footprints.rows[b.index])
+            if b.status == CUT_NOT_COVERED:
+                scores.status[row] = NOT_COVERED
+            elif b.status == CUT_SKIPPED:
+                scores.status[row] = f"{SKIPPED}: {b.reason}"
+                report.skipped.append(Skipped(f"{footprints.path} feature {b.uid}", b.reason))
+            else:
+                batcher.add(row, b.pre, b.post)
+        batcher.flush()
+        report.skipped.extend(scene.all_skipped())
+        _report_counts(report, scores)
+
+        with _all_or_nothing(report):
+            _scene_outputs(
+                predictor,
+                scene,
+                footprints,
+                table,
+                scores,
+                report,
+                fmt,
+                out,
+                raster,
+                overlay,
+                block_size,
+            )
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _scene_outputs(
+    predictor, scene, footprints, table, scores, report, fmt, out, raster, overlay, block_size
+) -> None:
+    """Write the raster, the overlay and then the vector file of a scored scene."""
+    n, class_names, name = len(table.geometries), report.class_names, report.scene
+    grid = scene.grid
+    pixel = np.empty(n, dtype=object)
+    pixel[footprints.rows] = grid.to_pixels(footprints.geometries)
+    if raster is not None:
+        from app.outputs import write_class_raster
+
+        write_class_raster(
+            raster,
+            pixel,
+            scores.class_id,
+            grid.width,
+            grid.height,
+            crs=grid.crs,
+            transform=grid.transform,
+            class_names=class_names,
+            block_size=max(block_size, 256),
+        )
+        report.outputs["raster"] = str(raster)
+    if overlay is not None:
+        from app.outputs import mosaic_preview, write_overlay
+
+        w, h = overlay_size(grid.width, grid.height)
+        image = mosaic_preview(scene.post, grid, w, h)
+        write_overlay(
+            overlay, image, pixel, scores.class_id, (w / grid.width, h / grid.height), class_names
+        )
+        report.outputs["overlay"] = str(overlay)
+
+    if fmt == "geojson":
+        geometries, crs = _to_crs(table.geometries, table.crs, "OGC:CRS84"), "OGC:CRS84"
+    else:
+        geometries, crs = _to_crs(table.geometries, table.crs, grid.crs), grid.crs
+    _write_features(
+        out, geometries, crs, table.attributes, table.masks, scores, report, name, predictor
+    )
+
+
+def _write_features(out, geometries, crs, attributes, attr_masks, scores, report, name, predictor):
+    from app.outputs import write_vector
+
+    score_cols, score_masks = scores.columns(report.class_names)
+    attrs, renamed = _merge_attributes(attributes, score_cols)
+    masks = {renamed.get(k, k): v for k, v in attr_masks.items()}
+    masks.update(score_masks)
+    write_vector(
+        out,
+        geometries,
+        crs,
+        {**attrs, **score_cols},
+        masks,
+        layer=name,
+        metadata=_model_metadata(predictor),
+    )
+    report.outputs["vector"] = str(out)
+
+
+# --------------------------------------------------------------------------- xBD mode
+
+
+def _xbd_features(labels: Path) -> tuple[list[dict], dict[str, str]]:
+    """The building features of an xBD label file and the lng_lat WKT by uid."""
+    with open(labels, "rb") as fh:
+        data = json.loads(fh.read())
+    features = data["features"]
+    lonlat = {}
+    for f in features.get("lng_lat") or []:
+        props = (f.get("properties") or {}) if isinstance(f, dict) else {}
+        if "uid" in props and isinstance(f.get("wkt"), str):
+            lonlat.setdefault(str(props["uid"]), f["wkt"])
+    out = []
+    for i, feature in enumerate(features["xy"]):
+        props = (feature.get("properties") if isinstance(feature, dict) else None) or {}
+        if props.get("feature_type", "building") != "building":
+            continue
+        wkt = feature.get("wkt") if isinstance(feature, dict) else None
+        out.append(
+            {
+                "uid": str(props.get("uid") or f"#{i}"),
+                "properties": props,
+                "wkt": wkt if isinstance(wkt, str) else None,
+            }
+        )
+    return out, lonlat
+
+
+def _image_georef(path: str | os.PathLike):
+    """(crs, transform) of a georeferenced image, (None, None) for a plain pixel image."""
+    import warnings
+
+    import rasterio
+    from rasterio.errors import NotGeoreferencedWarning, RasterioError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            with rasterio.open(path) as ds:
+                if ds.crs is not None and not ds.transform.is_identity:
+                    return ds.crs, ds.transform
+    except RasterioError:
+        pass
+    return None, None
+
+
+def score_xbd(
+    predictor: Predictor,
+    pre: str | os.PathLike,
+    post: str | os.PathLike,
+    labels: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+    batch_size: int = 32,
+    name: str | None = None,
+    progress: bool = True,
+) -> ScoreReport:
+    """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
+
+    Buildings come from the label's ``features.xy`` pixel polygons (parsed by
+    :func:`data_prep.xbd.parse_buildings`; damage subtypes, if any, are ignored and carried over
+    as attributes). Chips are cut as ``prepare xbd`` cuts them (:func:`data_prep.windows.chip_window`,
+    boundless crop, :func:`data_prep.windows.resize_chip`).
+
+    Geometries: GeoJSON gets each building's ``features.lng_lat`` polygon (or, when missing and
+    the pre image is georeferenced, the pixel polygon through the image's transform; otherwise a
+    null geometry). A GeoPackage gets pixel polygons, in the image's CRS when it is georeferenced
+    and as plain pixel coordinates (x = column, y = row, no CRS) otherwise; so does the raster.
+
+    Args:
+        predictor: the loaded ONNX model.
+        pre, post: the pre- and post-disaster images (same size).
+        labels: xBD label JSON (post or pre; only the polygons are used).
+        out: ``.geojson`` or ``.gpkg``.
+        raster: optional ``.tif`` class raster on the image's pixel grid.
+        overlay: optional ``.png`` overlay.
+        batch_size: chips per inference batch.
+        name: scene name (default: the label file's stem without ``_post_disaster``).
+        progress: show a progress bar over buildings.
+
+    Returns:
+        The report.
+
+    Raises:
+        SceneError: an unreadable image or label file, images of different sizes, no building
+            in the label file, or a GeoJSON output for a label file without ``lng_lat``
+            polygons and without georeferenced images.
+        OutputError: an output path with an unusable suffix.
+    """
+    from tqdm import tqdm
+
+    from data_prep.imagery import ImageError
+    from data_prep.report import PrepareReport
+    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.xbd import parse_buildings, read_tile_image
+
+    start = time.perf_counter()
+    fmt = check_outputs(out, raster, overlay)
+    labels = Path(labels)
+    name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
+    class_names = tuple(predictor.class_names)
+    report = ScoreReport(scene=name, class_names=class_names)
+    if not labels.is_file():
+        raise SceneError(labels, "label file not found")
+    parsed = PrepareReport()
+    try:
+        _, buildings = parse_buildings(labels, parsed, ignore_labels=True)
+    except (OSError, ValueError) as exc:
+        raise SceneError(labels, str(exc)) from exc
+    features, lonlat_wkt = _xbd_features(labels)
+    if not features:
+        raise SceneError(labels, "holds no building polygons in features.xy; nothing to score")
+    images = []
+    for path in (pre, post):
+        try:
+            images.append(read_tile_image(path))
+        except ImageError as exc:
+            text = str(exc)
+            prefix = f"{path}: "
+            raise SceneError(
+                path, text[len(prefix) :] if text.startswith(prefix) else text
+            ) from exc
+    pre_img, post_img = images
+    if pre_img.shape != post_img.shape:
+        raise SceneError(
+            post,
+            f"is {post_img.shape[1]}x{post_img.shape[0]} px but the pre image {pre} is "
+            f"{pre_img.shape[1]}x{pre_img.shape[0]} px; xBD mode needs pixel-aligned pairs "
+            "(use --buildings with georeferenced GeoTIFFs to have post warped onto pre)",
+        )
+    height, width = pre_img.shape[:2]
+    crs, transform = _image_georef(pre)
+
+    n = len(features)
+    report.buildings = n
+    scores = _Scores(n, len(class_names))
+    by_uid = {b.uid: b for b in buildings}
+    reasons = {s.item: s.reason for s in parsed.skipped}
+    used: set[str] = set()
+    spec = predictor.spec
+    batcher = _Batcher(predictor, scores, batch_size)
+    for row, feat in enumerate(
+        tqdm(features, desc="buildings", unit="bldg", disable=None if progress else True)
+    ):
+        uid = feat["uid"]
+        item = f"{labels} building {uid}"
+        b = by_uid.get(uid)
+        if b is None or uid in used:
+            reason = (
+                "uid repeated within the label file; only the first is scored"
+                if uid in used
+                else reasons.get(item, "no usable polygon")
+            )
+            scores.status[row] = f"{SKIPPED}: {reason}"
+            report.skipped.append(Skipped(item, reason))
+            continue
+        used.add(uid)
+        minx, miny, maxx, maxy = b.bbox
+        if maxx <= 0 or maxy <= 0 or minx >= width or miny >= height:
+            scores.status[row] = NOT_COVERED
+            continue
+        window = chip_window(b.centroid, b.bbox, spec)
+        batcher.add(
+            row,
+            resize_chip(crop_boundless(pre_img, window), spec.chip_size),
+            resize_chip(crop_boundless(post_img, window), spec.chip_size),
+        )
+    batcher.flush()
+    _report_counts(report, scores)
+
+    with bounded_gdal_cache(), _all_or_nothing(report):
+        pixel = np.empty(n, dtype=object)
+        pixel[:] = [
+            None
+            if f["wkt"] is None or scores.status[i].startswith(SKIPPED)
+            else _safe_wkt(f["wkt"])
+            for i, f in enumerate(features)
+        ]
+        if raster is not None:
+            from app.outputs import write_class_raster
+
+            write_class_raster(
+                raster,
+                pixel,
+                scores.class_id,
+                width,
+                height,
+                crs=crs,
+                transform=transform,
+                class_names=class_names,
+            )
+            report.outputs["raster"] = str(raster)
+        if overlay is not None:
+            import cv2
+
+            from app.outputs import write_overlay
+
+            w, h = overlay_size(width, height)
+            image = (
+                post_img
+                if (w, h) == (width, height)
+                else cv2.resize(post_img, (w, h), interpolation=cv2.INTER_AREA)
+            )
+            write_overlay(
+                overlay, image, pixel, scores.class_id, (w / width, h / height), class_names
+            )
+            report.outputs["overlay"] = str(overlay)
+
+        from data_prep.mosaic import Grid
+
+        georef = None
+        if crs is not None:
+            georef = Grid(crs=crs, transform=transform, width=width, height=height)
+        if fmt == "geojson":
+            geometries = np.empty(n, dtype=object)
+            geometries[:] = [_safe_wkt(lonlat_wkt.get(f["uid"])) for f in features]
+            missing = np.array([g is None for g in geometries]) & np.array(
+                [p is not None for p in pixel]
+            )
+            if missing.any() and georef is not None:
+                geometries[missing] = _to_crs(georef.from_pixels(pixel[missing]), crs, "OGC:CRS84")
+            if all(g is None for g in geometries) and n:
+                raise SceneError(
+                    labels,
+                    "has no features.lng_lat polygons and the images are not georeferenced, so "
+                    "buildings cannot be placed in longitude/latitude for GeoJSON; write a .gpkg "
+                    "instead (pixel coordinates)",
+                )
+            out_crs = "OGC:CRS84"
+        elif georef is not None:
+            present = np.array([p is not None for p in pixel])
+            geometries = np.empty(n, dtype=object)
+            geometries[present] = georef.from_pixels(pixel[present])
+            out_crs = crs
+        else:
+            geometries, out_crs = pixel, None
+        attributes, masks = _xbd_attributes(features)
+        _write_features(
+            out, geometries, out_crs, attributes, masks, scores, report, name, predictor
+        )
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _safe_wkt(wkt: str | None):
+    import shapely
+    from shapely.errors import ShapelyError
+
+    if not wkt:
+        return None
+    try:
+        geom = shapely.from_wkt(wkt)
+    except ShapelyError:
+        return None
+    return None if geom is None or geom.is_empty else geom
+
+
+def _xbd_attributes(features: list[dict]) -> tuple[dict, dict]:
+    """Text attributes from the features' properties (every key seen, null where absent)."""
+    keys: list[str] = []
+    for f in features:
+        for k in f["properties"]:
+            if k not in keys:
+                keys.append(str(k))
+    attrs, masks = {}, {}
+    for k in keys:
+        values = [f["properties"].get(k) for f in features]
+        attrs[k] = np.array(
+            [None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values],
+            dtype=object,
+        )
+        masks[k] = np.array([v is None for v in values], dtype=bool)
+    return attrs, masks
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True)
+class SceneJob:
+    """One scene of a batch: its name (the output file stem) and input files."""
+
+    name: str
+    pre: tuple[str, ...]
+    post: tuple[str, ...]
+    buildings: str
+
+
+def _split_paths(text: str, base: Path) -> tuple[str, ...]:
+    out = []
+    for part in (text or "").split(";"):
+        part = part.strip()
+        if part:
+            p = Path(part).expanduser()
+            out.append(str(p if p.is_absolute() else base / p))
+    return tuple(out)
+
+
+def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Skipped]]:
+    """The scenes of a batch from a CSV file or a folder of scene folders.
+
+    CSV: columns ``pre``, ``post``, ``buildings`` (several files separated by ``;``; relative
+    paths are resolved against the CSV's folder) and optionally ``name``. Without a name, a scene
+    is named after its footprint file's stem, or, when stems repeat, its path below the CSV's
+    folder (``folder/stem``) or else its last folder and stem.
+
+    Folder: every sub-folder is a scene named after it, holding ``pre/*.tif``, ``post/*.tif``
+    and exactly one footprint file (``.geojson``, ``.json``, ``.gpkg``, ``.shp`` or ``.fgb``).
+
+    Returns:
+        ``(scenes, problems)``: usable scene entries in input order, and entries that cannot be
+        used (a missing field, a folder without imagery or footprints, a repeated name) with the
+        reason.
+
+    Raises:
+        SceneError: the source does not exist, a CSV lacks a required column, or a folder holds
+            no scene folders.
+    """
+    from data_prep.store import safe_name
+
+    source = Path(source)
+    if not source.exists():
+        raise SceneError(source, "scene list not found (a CSV file or a folder of scene folders)")
+    problems: list[Skipped] = []
+    entries: list[tuple[str | None, SceneJob | None, str]] = []  # (name, job, item)
+    if source.is_dir():
+        folders = sorted(p for p in source.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not folders:
+            raise SceneError(
+                source,
+                "holds no scene folders; expected DIR/<scene>/pre/*.tif, DIR/<scene>/post/*.tif "
+                "and one footprint file in DIR/<scene>/",
+            )
+        for folder in folders:
+            pre = _rasters(folder / "pre")
+            post = _rasters(folder / "post")
+            prints = sorted(
+                p
+                for p in folder.iterdir()
+                if p.is_file() and p.suffix.lower() in FOOTPRINT_SUFFIXES
+            )
+            missing = [k for k, v in (("pre/*.tif", pre), ("post/*.tif", post)) if not v]
+            if missing:
+                problems.append(
+                    Skipped(str(folder), f"no {' or '.join(missing)} in the scene folder")
+                )
+                continue
+            if len(prints) != 1:
+                found = ", ".join(p.name for p in prints) or "none"
+                problems.append(
+                    Skipped(
+                        str(folder),
+                        f"needs exactly one footprint file ({', '.join(FOOTPRINT_SUFFIXES)}), "
+                        f"found {found}",
+                    )
+                )
+                continue
+            job = SceneJob(folder.name, pre, post, str(prints[0]))
+            entries.append((job.name, job, str(folder)))
+    else:
+        with open(source, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
+            need = [c for c in ("pre", "post", "buildings") if c not in header]
+            if need:
+                raise SceneError(
+                    source,
+                    f"missing column(s) {', '.join(need)}; a scene CSV needs pre, post, buildings "
+                    "(and optionally name); found: " + (", ".join(header) or "no header"),
+                )
+            rows = []
+            for line, row in enumerate(reader, start=2):
+                get = {k: (row.get(h) or "").strip() for k, h in header.items()}
+                if not any(get.values()):
+                    continue
+                item = f"{source} line {line}"
+                pre = _split_paths(get["pre"], source.parent)
+                post = _split_paths(get["post"], source.parent)
+                bld = _split_paths(get["buildings"], source.parent)
+                missing = [
+                    k for k, v in (("pre", pre), ("post", post), ("buildings", bld)) if not v
+                ]
+                if missing or len(bld) != 1:
+                    reason = (
+                        f"empty {', '.join(missing)}"
+                        if missing
+                        else "give exactly one footprint file in buildings"
+                    )
+                    problems.append(Skipped(item, reason))
+                    continue
+                rows.append((item, get.get("name", ""), pre, post, bld[0]))
+        stems = Counter(Path(r[4]).stem for r in rows)
+        for item, given, pre, post, bld in rows:
+            if given:
+                scene = given
+            elif stems[Path(bld).stem] == 1:
+                scene = Path(bld).stem
+            else:
+                try:
+                    rel = Path(bld).resolve().relative_to(source.parent.resolve())
+                except ValueError:
+                    rel = Path(*Path(bld).parts[-2:])
+                scene = str(rel.with_suffix(""))
+            entries.append((scene, SceneJob(scene, pre, post, bld), item))
+
+    jobs: list[SceneJob] = []
+    seen: dict[str, str] = {}
+    for scene, job, item in entries:
+        key = safe_name(scene).lower()
+        if key in seen:
+            problems.append(
+                Skipped(
+                    item,
+                    f"scene name {scene!r} gives the same output file as {seen[key]}; "
+                    "give each scene its own name (the CSV's name column)",
+                )
+            )
+            continue
+        seen[key] = item
+        jobs.append(job)
+    return jobs, problems
+
+
+def _rasters(folder: Path) -> tuple[str, ...]:
+    if not folder.is_dir():
+        return ()
+    return tuple(
+        str(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix.lower() in RASTER_SUFFIXES
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 1 <= I <= N.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    try:
+        i_text, n_text = text.split("/")
+        i, n = int(i_text), int(n_text)
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 1/4 (shards 1 to N)") from None
+    if n < 1 or not 1 <= i <= n:
+        raise ValueError(f"--shard {text!r}: shards are numbered 1 to N, with N >= 1")
+    return i, n
+
+
+def shard_of(name: str, n: int) -> int:
+    """The shard (1..n) a scene belongs to: a stable hash of its name, the same on any machine."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % n + 1
+
+
+def scene_outputs(
+    out_dir: str | os.PathLike, name: str, fmt: str, raster: bool, overlay: bool
+) -> dict[str, Path]:
+    """Output paths of one scene of a batch: kind -> path."""
+    from data_prep.store import safe_name
+
+    out_dir, stem = Path(out_dir), safe_name(name)
+    paths = {"vector": out_dir / f"{stem}{FORMAT_SUFFIX[fmt]}"}
+    if raster:
+        paths["raster"] = out_dir / f"{stem}.tif"
+    if overlay:
+        paths["overlay"] = out_dir / f"{stem}.png"
+    return paths
+
+
+def _remove_stale_temporaries(paths: Iterable[Path]) -> None:
+    """Delete temporary files an interrupted run left for these outputs (``.<name>.*``)."""
+    for path in paths:
+        for tmp in path.parent.glob(f".{path.name}.*"):
+            tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class BatchReport:
+    """Outcome of a batch: one entry per scene, plus list problems."""
+
+    scenes: list[dict] = field(default_factory=list)
+    problems: list[Skipped] = field(default_factory=list)
+    shard: tuple[int, int] | None = None
+    seconds: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(1 for s in self.scenes if s["status"] == status)
+
+    @property
+    def succeeded(self) -> int:
+        return self.count("scored") + self.count("done")
+
+    def to_dict(self) -> dict:
+        buildings = sum(s.get("report", {}).get("buildings", 0) for s in self.scenes)
+        return {
+            "shard": None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}",
+            "scenes": self.scenes,
+            "problems": [{"item": s.item, "reason": s.reason} for s in self.problems],
+            "totals": {
+                "scenes": len(self.scenes),
+                "scored": self.count("scored"),
+                "done_before": self.count("done"),
+                "failed": self.count("failed"),
+                "problems": len(self.problems),
+                "buildings": buildings,
+                "seconds": round(self.seconds, 3),
+            },
+        }
+
+    def summary(self) -> str:
+        head = f"scenes: {len(self.scenes)}"
+        if self.shard:
+            head += f" in shard {self.shard[0]}/{self.shard[1]}"
+        lines = [
+            f"{head}; scored {self.count('scored')}, already done {self.count('done')}, "
+            f"failed {self.count('failed')} in {self.seconds:.1f} s"
+        ]
+        per_class: Counter = Counter()
+        for s in self.scenes:
+            per_class.update(s.get("report", {}).get("per_class", {}))
+        if per_class:
+            lines.append(
+                "buildings per class: " + ", ".join(f"{k} {v}" for k, v in per_class.items())
+            )
+        failed = [s for s in self.scenes if s["status"] == "failed"]
+        if failed or self.problems:
+            lines.append(f"problems ({len(failed) + len(self.problems)}):")
+            lines.extend(f"  - {p}" for p in self.problems)
+            lines.extend(f"  - scene {s['name']}: {s['error']}" for s in failed)
+        return "\n".join(lines)
+
+    def exit_code(self) -> int:
+        """0 when some scene succeeded (or there was nothing to do), 1 when none did."""
+        if self.succeeded or (not self.scenes and not self.problems):
+            return 0
+        return 1
+
+
+def summary_path(out_dir: str | os.PathLike, shard: tuple[int, int] | None) -> Path:
+    """``summary.json``, or ``summary-<i>-of-<n>.json`` for a shard (shards share a folder)."""
+    if shard is None:
+        return Path(out_dir) / BATCH_SUMMARY
+    return Path(out_dir) / f"summary-{shard[0]}-of-{shard[1]}.json"
+
+
+def score_batch(
+    predictor: Predictor,
+    scenes: Sequence[SceneJob],
+    out_dir: str | os.PathLike,
+    *,
+    fmt: str = "geojson",
+    raster: bool = False,
+    overlay: bool = False,
+    resume: bool = False,
+    shard: tuple[int, int] | None = None,
+    problems: Sequence[Skipped] = (),
+    batch_size: int = 32,
+    block_size: int = BLOCK_SIZE,
+    progress: bool = True,
+) -> BatchReport:
+    """Score many scenes with one loaded model, one set of outputs per scene.
+
+    A scene that fails is recorded and the batch goes on. With ``resume``, a scene whose outputs
+    all exist is left alone (outputs are renamed into place only when complete and the vector
+    file is written last, so an existing file is a finished one); temporary files an interrupted
+    run left behind are removed before a scene is scored again.
+
+    Args:
+        predictor: the loaded ONNX model.
+        scenes: scenes to score (from :func:`read_scene_list`).
+        out_dir: output folder (``<scene>.geojson``/``.gpkg``, ``.tif``, ``.png``).
+        fmt: ``"geojson"`` or ``"gpkg"``.
+        raster: also write each scene's class raster.
+        overlay: also write each scene's overlay PNG.
+        resume: skip scenes whose outputs exist.
+        shard: ``(i, n)``: score only the scenes with :func:`shard_of` ``== i``.
+        problems: scene-list entries that could not be used, carried into the summary.
+        batch_size: chips per inference batch.
+        block_size: side in grid pixels of the blocks whose buildings share one read.
+        progress: show progress bars over scenes and buildings.
+
+    Returns:
+        The batch report; it is also written to :func:`summary_path` and printed by the CLI.
+    """
+    from tqdm import tqdm
+
+    if fmt not in FORMAT_SUFFIX:
+        raise OutputError(f"unknown format {fmt!r}; use geojson or gpkg")
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mine = [s for s in scenes if shard is None or shard_of(s.name, shard[1]) == shard[0]]
+    report = BatchReport(problems=list(problems), shard=shard)
+    bar = tqdm(mine, desc="scenes", unit="scene", disable=None if progress else True)
+    for job in bar:
+        bar.set_postfix_str(job.name[:30])
+        paths = scene_outputs(out_dir, job.name, fmt, raster, overlay)
+        entry: dict = {
+            "name": job.name,
+            "outputs": {k: str(v) for k, v in paths.items()},
+        }
+        if resume and all(p.is_file() for p in paths.values()):
+            entry["status"] = "done"
+            report.scenes.append(entry)
+            continue
+        _remove_stale_temporaries(paths.values())
+        try:
+            result = score_scene(
+                predictor,
+                job.pre,
+                job.post,
+                job.buildings,
+                paths["vector"],
+                raster=paths.get("raster"),
+                overlay=paths.get("overlay"),
+                batch_size=batch_size,
+                block_size=block_size,
+                name=job.name,
+                progress=progress,
+            )
+        except (SceneError, OutputError, OSError) as exc:
+            entry.update(status="failed", error=str(exc))
+        except Exception as exc:  # a bad scene must not stop the batch
+            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            entry.update(status="scored", report=result.to_dict())
+        report.scenes.append(entry)
+    bar.close()
+    report.seconds = time.perf_counter() - start
+    from data_prep.store import write_json
+
+    write_json(summary_path(out_dir, shard), report.to_dict())
+    return report
