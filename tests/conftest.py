@@ -9,6 +9,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+#: Overrides for a tiny, fast training run (tests only).
+TINY_TRAIN = [
+    "model.encoder=resnet18",
+    "model.proj_hidden=32",
+    "model.cls_hidden=32",
+    "model.embed_dim=16",
+    "model.latent_size=4",
+    "data.input_size=32",
+    "train.batch_size=4",
+    "train.epochs=1",
+]
+
 
 def shared_data(name: str) -> Path:
     """Path of a real data set in ../shared/data, skipping the test when it is absent."""

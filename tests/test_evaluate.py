@@ -12,21 +12,12 @@ import pytest
 
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from local_damage.cli import main
+from tests.conftest import TINY_TRAIN
 
 REPO = Path(__file__).resolve().parents[1]
 #: A chip spec other than the default, so that cutting with the run's spec is observable.
 SPEC = ChipSpec(chip_size=64, context=2.0, min_size=48)
-TINY = [
-    "model.encoder=resnet18",
-    "model.proj_hidden=32",
-    "model.cls_hidden=32",
-    "model.embed_dim=16",
-    "model.latent_size=4",
-    "data.input_size=32",
-    "train.batch_size=4",
-    "train.epochs=1",
-    "train.max_steps_per_epoch=2",
-]
+TINY = [*TINY_TRAIN, "train.max_steps_per_epoch=2"]
 
 
 @pytest.fixture(scope="module")

@@ -18,19 +18,9 @@ from local_damage.cli import main
 from local_damage.config import ConfigError, load_yaml
 from local_damage.train.config import Config
 from local_damage.train.loop import train
+from tests.conftest import TINY_TRAIN
 
-TINY = [
-    "model.encoder=resnet18",
-    "model.proj_hidden=32",
-    "model.cls_hidden=32",
-    "model.embed_dim=16",
-    "model.latent_size=4",
-    "data.input_size=32",
-    "train.batch_size=4",
-    "train.epochs=1",
-    "train.max_steps_per_epoch=3",
-    "optim.schedule=constant",
-]
+TINY = [*TINY_TRAIN, "train.max_steps_per_epoch=3", "optim.schedule=constant"]
 
 
 @pytest.fixture(scope="module")
