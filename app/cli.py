@@ -1,4 +1,4 @@
-"""Command-line parsers for `score` and `score-batch` (no heavy imports at module level)."""
+"""Command-line parsers for `score`, `score-batch` and `app` (no heavy imports at module level)."""
 
 from __future__ import annotations
 
@@ -168,8 +168,40 @@ def _run_score_batch(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def _run_app(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from app.predictor import list_models
+
+    if args.model is None and not list_models(args.models):
+        print(
+            f"error: no model: {args.models}/ holds no .onnx file and --model was not given",
+            file=sys.stderr,
+        )
+        return 2
+    if args.model is not None and _load_model(args.model) is None:
+        return 2
+    auth = None
+    if args.username or args.password_env:
+        password = os.environ.get(args.password_env or "", "")
+        if not args.username or not password:
+            print(
+                "error: --username needs a password in the environment variable named by "
+                "--password-env (and that variable set)",
+                file=sys.stderr,
+            )
+            return 2
+        auth = (args.username, password)
+    from app.web import launch
+
+    print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
+    launch(args.models, args.model, host=args.host, port=args.port, auth=auth, work_dir=args.work)
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add `score` and `score-batch` to the top-level subcommands."""
+    """Add `score`, `score-batch` and `app` to the top-level subcommands."""
     score = sub.add_parser(
         "score",
         help="grade every building of a scene with an ONNX model (no PyTorch needed)",
@@ -251,3 +283,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     _common(batch)
     batch.set_defaults(func=_run_score_batch)
+
+    web = sub.add_parser(
+        "app",
+        help="the web app for analysts (Gradio; ONNX Runtime, no PyTorch)",
+        description=(
+            "Serve the analysts' web app: tile mode (pre/post tile + footprints -> overlay, "
+            "per-building table, GeoJSON/CSV, chips, corrections) and chip mode (one chip pair -> "
+            "class probabilities and a heatmap of where the model saw change). The same "
+            "functions are HTTP API endpoints `assess_tile` and `assess_chip` (gradio_client); "
+            "see docs/app.md. Binds to 127.0.0.1 unless --host says otherwise; never makes a "
+            "public share link."
+        ),
+    )
+    web.add_argument(
+        "--model", metavar="ONNX", help="model offered first (default: the first of --models)"
+    )
+    web.add_argument(
+        "--models",
+        default="models",
+        metavar="DIR",
+        help="folder whose *.onnx files the model picker offers (default models)",
+    )
+    web.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
+    )
+    web.add_argument("--port", type=_positive, default=7860, help="TCP port (default 7860)")
+    web.add_argument("--username", help="require this username (with --password-env)")
+    web.add_argument(
+        "--password-env",
+        metavar="VAR",
+        help="environment variable holding the password (kept off the command line)",
+    )
+    web.add_argument(
+        "--work",
+        metavar="DIR",
+        help="folder for each assessment's outputs and corrections (default: a temporary folder)",
+    )
+    web.set_defaults(func=_run_app)

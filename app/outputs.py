@@ -215,9 +215,12 @@ def write_class_raster(
     }
     if crs is not None:
         profile.update(crs=crs, transform=transform)
-    fd, staging = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".staging.tif", dir=_dir(path))
-    os.close(fd)
-    try:
+    staging = None
+    try:  # from the temporary's creation on, so an interrupt never leaks it
+        fd, staging = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=".staging.tif", dir=_dir(path)
+        )
+        os.close(fd)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             with rasterio.open(staging, "w", **profile) as ds:
@@ -250,7 +253,8 @@ def write_class_raster(
                     BIGTIFF="IF_SAFER",
                 )
     finally:
-        Path(staging).unlink(missing_ok=True)
+        if staging is not None:
+            Path(staging).unlink(missing_ok=True)
     return path
 
 

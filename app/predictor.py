@@ -25,6 +25,8 @@ SUPPORTED_FORMAT_VERSIONS = (1,)
 REQUIRED_METADATA = ("format_version", "class_names", "chip_spec", "input_size")
 INPUT_NAMES = ("pre", "post")
 OUTPUT_NAMES = ("logits", "embedding")
+#: Optional output of models exported with ``--change-map``: the latent correlation map.
+CHANGE_MAP = "change_map"
 #: Execution providers tried in this order when none are given.
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -40,11 +42,15 @@ class Prediction(NamedTuple):
         logits: ``[N, K]`` float32 class scores.
         probabilities: ``[N, K]`` float32 softmax of the logits (rows sum to 1).
         embedding: ``[N, D]`` float32 unit-norm joint embedding ``z``.
+        change_map: ``[N, 1, S, S]`` float32 latent feature-correlation map (channel-averaged
+            pre/post feature difference, Sec. 3.4 of the paper), only when asked for and the model
+            has it; None otherwise.
     """
 
     logits: np.ndarray
     probabilities: np.ndarray
     embedding: np.ndarray
+    change_map: np.ndarray | None = None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -111,6 +117,8 @@ class Predictor:
         input_size: side ``S`` of the model input in pixels.
         embedding_dim: ``D``, the width of the embedding.
         metadata: every metadata prop, parsed from JSON.
+        has_change_map: whether the model also outputs ``change_map`` (exported with
+            ``--change-map``).
         providers: the providers the session actually uses.
 
     Raises:
@@ -204,10 +212,17 @@ class Predictor:
             raise self._fail(
                 f"logits have {k} classes but metadata class_names lists {len(self.class_names)}"
             )
+        self.has_change_map: bool = CHANGE_MAP in outputs
         d = outputs["embedding"].shape[-1] if outputs["embedding"].shape else None
         self.embedding_dim: int = d if isinstance(d, int) else int(md.get("embedding_dim") or 0)
 
-    def predict(self, pre: np.ndarray, post: np.ndarray, batch_size: int = 32) -> Prediction:
+    def predict(
+        self,
+        pre: np.ndarray,
+        post: np.ndarray,
+        batch_size: int = 32,
+        change_map: bool = False,
+    ) -> Prediction:
         """Score chip pairs.
 
         Args:
@@ -215,6 +230,8 @@ class Predictor:
                 ``H`` and ``W`` (resized to :attr:`input_size`).
             post: the same buildings from the post image, same shape.
             batch_size: pairs per ONNX Runtime call.
+            change_map: also return the latent correlation map when the model has it
+                (:attr:`has_change_map`).
 
         Returns:
             A :class:`Prediction`; ``N = 0`` gives empty ``[0, K]`` and ``[0, D]`` arrays.
@@ -236,15 +253,21 @@ class Predictor:
         if n == 0:
             empty = np.zeros((0, k), np.float32)
             return Prediction(empty, empty.copy(), np.zeros((0, self.embedding_dim), np.float32))
-        logits, embedding = [], []
+        with_map = change_map and self.has_change_map
+        names = [*OUTPUT_NAMES, CHANGE_MAP] if with_map else list(OUTPUT_NAMES)
+        logits, embedding, maps = [], [], []
         for i in range(0, n, batch_size):
             a = np.ascontiguousarray(resize_chips(pre[i : i + batch_size], self.input_size))
             b = np.ascontiguousarray(resize_chips(post[i : i + batch_size], self.input_size))
-            lo, em = self._session.run(list(OUTPUT_NAMES), {"pre": a, "post": b})
-            logits.append(np.asarray(lo, dtype=np.float32))
-            embedding.append(np.asarray(em, dtype=np.float32))
+            got = self._session.run(names, {"pre": a, "post": b})
+            logits.append(np.asarray(got[0], dtype=np.float32))
+            embedding.append(np.asarray(got[1], dtype=np.float32))
+            if with_map:
+                maps.append(np.asarray(got[2], dtype=np.float32))
         lo = np.concatenate(logits)
-        return Prediction(lo, softmax(lo), np.concatenate(embedding))
+        return Prediction(
+            lo, softmax(lo), np.concatenate(embedding), np.concatenate(maps) if maps else None
+        )
 
     def card(self) -> dict[str, Any]:
         """What a model picker shows: name, classes, training data, validation metrics, licence,

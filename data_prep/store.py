@@ -66,14 +66,18 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
     """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
-    try:
+    tmp = None
+    try:  # everything from creating the temporary onwards, so an interrupt never leaks it
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent
+        )
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
         yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -4,7 +4,10 @@ The exported graph takes what a scoring machine has, uint8 RGB chips ``[N, H, W,
 ``pre`` and ``post`` (``H = W`` = the run's ``data.input_size``), and does the normalisation
 itself (cast to float, NHWC to NCHW, ``(x - MEAN) / STD`` with :data:`local_damage.data.MEAN` and
 :data:`~local_damage.data.STD`). It returns ``logits`` ``[N, K]`` and ``embedding`` ``[N, D]`` (the
-L2-normalised joint embedding ``z``). The batch axis is dynamic.
+L2-normalised joint embedding ``z``). The batch axis is dynamic. Exported with ``change_map=True``
+(``--change-map``), a model with a latent module also returns ``change_map`` ``[N, 1, S, S]``,
+the channel-averaged latent correlation map ("where the model saw change", Sec. 3.4) that the
+web app draws as a heatmap; the metadata prop ``outputs`` lists the output names.
 
 Metadata props (``ModelProto.metadata_props``, every value a JSON string) carry what serving needs
 and what a reader of the file should know: ``class_names``, ``chip_spec``, ``input_size``,
@@ -44,6 +47,8 @@ import numpy as np
 FORMAT_VERSION = 1
 INPUT_NAMES = ("pre", "post")
 OUTPUT_NAMES = ("logits", "embedding")
+#: Optional third output: the latent feature-correlation map ``[N, 1, S, S]`` (Sec. 3.4).
+CHANGE_MAP = "change_map"
 DEFAULT_OPSET = 17
 #: Largest accepted |logit| difference between ONNX Runtime fp32 and PyTorch.
 LOGIT_TOLERANCE = 1e-4
@@ -65,12 +70,17 @@ class ExportError(RuntimeError):
 # The graph
 
 
-def uint8_model(model):
+def uint8_model(model, change_map: bool = False):
     """Wrap a :class:`~local_damage.models.LocalNet` so that it takes uint8 NHWC chips.
+
+    Args:
+        model: the LocalNet.
+        change_map: also return the latent correlation map (the model needs a latent module).
 
     Returns:
         An ``nn.Module`` in eval mode whose ``forward(pre, post)`` takes uint8 ``[N, H, W, 3]``
-        RGB tensors and returns ``(logits [N, K], embedding [N, D])``.
+        RGB tensors and returns ``(logits [N, K], embedding [N, D])``, plus
+        ``change_map [N, 1, S, S]`` with ``change_map=True``.
     """
     import torch
     from torch import nn
@@ -81,7 +91,7 @@ def uint8_model(model):
     class UInt8LocalModel(nn.Module):
         def __init__(self, net) -> None:
             super().__init__()
-            self.inner = LocalInference(net)
+            self.inner = LocalInference(net, with_change_map=change_map)
             self.register_buffer("mean", torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1))
             self.register_buffer("std", torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1))
 
@@ -92,6 +102,14 @@ def uint8_model(model):
             return self.inner(self._prep(pre), self._prep(post))
 
     return UInt8LocalModel(model).eval()
+
+
+def output_names(model, change_map: bool = False) -> tuple[str, ...]:
+    """The graph outputs of an export: :data:`OUTPUT_NAMES`, plus :data:`CHANGE_MAP` when asked
+    for and the model has a latent module."""
+    if change_map and getattr(model, "latent", None) is not None:
+        return (*OUTPUT_NAMES, CHANGE_MAP)
+    return OUTPUT_NAMES
 
 
 def set_metadata(proto, props: Mapping[str, Any], only: bool = False) -> None:
@@ -136,6 +154,7 @@ def export_onnx(
     input_size: int,
     metadata: Mapping[str, Any] | None = None,
     opset: int = DEFAULT_OPSET,
+    change_map: bool = False,
 ) -> Path:
     """Export a LocalNet as an fp32 ONNX model with uint8 inputs (see the module docstring).
 
@@ -143,8 +162,10 @@ def export_onnx(
         model: a :class:`~local_damage.models.LocalNet` (moved to CPU, put in eval mode).
         path: the ``.onnx`` file to write (atomically).
         input_size: side ``S`` of the square input chips in pixels.
-        metadata: metadata props to store (values JSON-encoded).
+        metadata: metadata props to store (values JSON-encoded); ``outputs`` is added.
         opset: ONNX opset version.
+        change_map: also output ``change_map`` ``[N, 1, S_L, S_L]`` (``S_L`` =
+            ``model.cfg.latent_size``) when the model has a latent module; ignored otherwise.
 
     Returns:
         ``path``.
@@ -154,7 +175,8 @@ def export_onnx(
 
     path = Path(path)
     model = model.cpu().eval()
-    wrapper = uint8_model(model)
+    names = output_names(model, change_map)
+    wrapper = uint8_model(model, change_map=CHANGE_MAP in names)
     gen = torch.Generator().manual_seed(0)
     dummy = torch.randint(0, 256, (2, input_size, input_size, 3), dtype=torch.uint8, generator=gen)
     batch = {0: "batch"}
@@ -169,8 +191,8 @@ def export_onnx(
                 (dummy, dummy.flip(0)),
                 str(raw),
                 input_names=list(INPUT_NAMES),
-                output_names=list(OUTPUT_NAMES),
-                dynamic_axes=dict.fromkeys(INPUT_NAMES + OUTPUT_NAMES, batch),
+                output_names=list(names),
+                dynamic_axes=dict.fromkeys(INPUT_NAMES + names, batch),
                 opset_version=int(opset),
                 do_constant_folding=True,
                 dynamo=False,
@@ -183,8 +205,13 @@ def export_onnx(
         if len(shape.dim) == 2:
             shape.dim[1].Clear()
             shape.dim[1].dim_value = int(dims[out.name])
+        elif out.name == CHANGE_MAP and len(shape.dim) == 4:
+            side = int(model.cfg.latent_size)
+            for axis, value in ((1, 1), (2, side), (3, side)):
+                shape.dim[axis].Clear()
+                shape.dim[axis].dim_value = value
     proto.producer_name = "local-damage"
-    set_metadata(proto, dict(metadata or {}))
+    set_metadata(proto, {**dict(metadata or {}), "outputs": list(names)})
     return _save_onnx(proto, path)
 
 
@@ -614,6 +641,7 @@ def export_run(
     calibration_limit: int = 128,
     int8_method: str = "static",
     threads: int | None = None,
+    change_map: bool = False,
 ) -> dict[str, Any]:
     """Export a run's best weights to ``out`` and check it; returns the parity report.
 
@@ -628,6 +656,7 @@ def export_run(
         calibration_limit: at most this many training chips to calibrate int8 ranges.
         int8_method: ``"static"`` or ``"dynamic"`` (see :func:`quantize_int8`).
         threads: ONNX Runtime intra-op threads for the check (default: its own choice).
+        change_map: also output the latent correlation map (see :func:`export_onnx`).
 
     Returns:
         The parity report: ``chips`` (what was compared), ``fp32`` (max |logit| and |embedding|
@@ -698,7 +727,7 @@ def export_run(
 
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         fp32_path = Path(tmp) / "fp32.onnx"
-        export_onnx(info.model, fp32_path, size, props, opset)
+        export_onnx(info.model, fp32_path, size, props, opset, change_map=change_map)
         t_logits, t_emb = torch_outputs(info.model, pre, post)
         session = ort_session(fp32_path, threads)
         o_logits, o_emb = ort_outputs(session, pre, post)
@@ -845,6 +874,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="at most N training chips to calibrate int8 ranges (default 128)",
     )
+    p.add_argument(
+        "--change-map",
+        action="store_true",
+        help="also output `change_map`, the latent correlation map the web app shows as a "
+        "heatmap (models with a latent module)",
+    )
     p.add_argument("--json", action="store_true", help="print the parity report as JSON")
     p.set_defaults(func=_run_cli)
 
@@ -862,6 +897,7 @@ def _run_cli(args: argparse.Namespace) -> int:
             parity_limit=args.parity_chips,
             calibration_limit=args.calibration_chips,
             int8_method=args.int8_method,
+            change_map=args.change_map,
         )
     except (ExportError, FileNotFoundError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -194,10 +194,13 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
             proc.kill()
             proc.wait()
     finished = sorted(p.stem for p in finals(out, ".geojson"))
-    assert 1 <= len(finished) < len(names), "the batch ended before it could be interrupted"
+    assert 1 <= len(finished) < len(names), (
+        f"the batch ended before it could be interrupted ({proc.returncode})"
+    )
     if sig == signal.SIGTERM:
-        assert proc.returncode == 130
-        assert not [p for p in out.iterdir() if p.name.startswith(".")]  # temporaries removed
+        assert proc.returncode == 130, proc.stderr.read().decode()[-2000:]
+        leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
+        assert not leftovers, f"temporaries left after SIGTERM: {leftovers}"
     # whatever carries a final name is complete
     for stem in finished:
         assert n_features(out / f"{stem}.geojson") == synthetic_scene.n_buildings

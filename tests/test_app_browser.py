@@ -1,0 +1,288 @@
+"""The running web app: driven in headless Chromium, and called through `gradio_client`.
+
+The browser test needs Debian's ``chromium`` at /usr/bin/chromium (``.ci/run`` installs it) and
+skips with a message when it is absent. It uploads a synthetic 1024 x 1024 xBD-format tile with
+150 buildings, clicks "Assess", checks the overlay and the table, prints the time from the click
+to the overlay and saves a screenshot to ``test-artifacts/app_browser.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, shared_data
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = REPO / "test-artifacts"
+#: Buildings on the benchmark tile.
+N_BUILDINGS = 150
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def bench_model(tmp_path_factory) -> Path:
+    """ResNet-18 at 128 px input, one epoch on synthetic xBD, exported with the change map as
+    ``models/resnet18-128.onnx`` and, static int8, as ``models/resnet18-128-int8.onnx``.
+
+    The weights barely matter for speed; the architecture and input size are those of a
+    realistic small model. Returns the fp32 model.
+    """
+    from data_prep.split import make_splits
+    from data_prep.synthetic import make_xbd
+    from data_prep.xbd import prepare_xbd
+    from local_damage.config import load_yaml
+    from local_damage.export import export_run
+    from local_damage.train.config import Config
+    from local_damage.train.loop import train
+
+    root = tmp_path_factory.mktemp("bench_model")
+    make_xbd(root / "xbd", seed=1)
+    prepare_xbd([root / "xbd"], root / "chips", progress=False)
+    make_splits(root / "chips", folds=3)
+    overrides = [
+        "model.encoder=resnet18",
+        "train.epochs=1",
+        "train.batch_size=8",
+        "data.input_size=128",
+    ]
+    train(load_yaml(Config, None, overrides), root / "chips", root / "run", fold=0, progress=False)
+    out = root / "models" / "resnet18-128.onnx"
+    export_run(root / "run", out, parity_limit=16, change_map=True)
+    export_run(
+        root / "run",
+        out.with_name("resnet18-128-int8.onnx"),
+        quantize="int8",
+        parity_limit=16,
+        calibration_limit=32,
+        change_map=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench_tile(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(pre, post, label) of a synthetic 1024 x 1024 tile trimmed to 150 buildings."""
+    from data_prep.synthetic import make_xbd, tile_name
+
+    root = tmp_path_factory.mktemp("bench_tile")
+    make_xbd(root, seed=0, n_tiles=1, size=1024)
+    name = tile_name(0)
+    label = root / "labels" / f"{name}_post_disaster.json"
+    data = json.loads(label.read_text())
+    xy = data["features"]["xy"][:N_BUILDINGS]
+    assert len(xy) == N_BUILDINGS, "the synthetic tile has fewer buildings than the benchmark needs"
+    keep = {f["properties"]["uid"] for f in xy}
+    data["features"]["xy"] = xy
+    data["features"]["lng_lat"] = [
+        f for f in data["features"]["lng_lat"] if f["properties"]["uid"] in keep
+    ]
+    label.write_text(json.dumps(data))
+    images = root / "images"
+    return images / f"{name}_pre_disaster.png", images / f"{name}_post_disaster.png", label
+
+
+@pytest.fixture(scope="module")
+def server(bench_model, tmp_path_factory):
+    """The app serving on a free local port; yields its URL."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from app.web import launch
+
+    port = _free_port()
+    demo = launch(
+        models_dir=bench_model.parent,
+        model=str(bench_model),
+        port=port,
+        work_dir=tmp_path_factory.mktemp("app"),
+        block=False,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.mark.browser
+def test_browser_assess_tile(server, bench_tile):
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    pre, post, label = bench_tile
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            external: list[str] = []  # the page must work offline: nothing beyond the app
+            page.on(
+                "request",
+                lambda r: (
+                    None
+                    if r.url.startswith(server) or r.url.startswith("data:")
+                    else external.append(r.url)
+                ),
+            )
+            page.goto(server, wait_until="domcontentloaded")
+            expect(page.locator("#assess-tile")).to_be_visible(timeout=60_000)
+            for elem, path in (("#tile-pre", pre), ("#tile-post", post), ("#tile-fp", label)):
+                page.locator(f"{elem} input[type=file]").set_input_files(str(path))
+                expect(page.locator(elem).get_by_text(path.stem).first).to_be_visible(
+                    timeout=30_000
+                )
+            seconds = _assess(page, "resnet18-128")
+            summary = page.locator("#summary")
+            expect(summary).to_contain_text(f"{N_BUILDINGS} buildings", timeout=30_000)
+            table = page.locator("#buildings")
+            expect(table.get_by_role("columnheader", name="confidence")).to_be_visible()
+            first = table.get_by_role("gridcell", name="0", exact=True)
+            expect(first).to_be_visible()
+            # the table renders the rows in view: scroll to its end for the last building
+            page.evaluate(
+                "() => document.querySelectorAll('#buildings *').forEach("
+                "e => { if (e.scrollHeight > e.clientHeight + 5) e.scrollTop = e.scrollHeight; })"
+            )
+            last = table.get_by_role("gridcell", name=str(N_BUILDINGS - 1), exact=True)
+            expect(last).to_be_visible(timeout=10_000)
+            assert table.get_by_role("gridcell", name=str(N_BUILDINGS), exact=True).count() == 0
+            size = page.evaluate(
+                "() => [document.querySelector('#overlay img').naturalWidth,"
+                " document.querySelector('#overlay img').naturalHeight]"
+            )
+            assert size[0] == 1024 and size[1] > 1024  # the tile and the legend band below it
+            last.click()  # selecting a building shows its chips
+            for elem in ("#bldg-pre img", "#bldg-post img"):
+                expect(page.locator(elem)).to_be_visible(timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "app_browser.png"), full_page=True)
+
+            # the same tile with the int8 model, chosen in the model picker
+            page.locator("#model input").click()
+            page.get_by_role("option", name="resnet18-128-int8.onnx").click()
+            expect(page.get_by_text("int8, 128 px input")).to_be_visible(timeout=30_000)
+            seconds_int8 = _assess(page, "resnet18-128-int8")
+            expect(summary).to_contain_text(f"{N_BUILDINGS} buildings", timeout=30_000)
+            assert not external, f"the page fetched from outside the app: {external[:5]}"
+        finally:
+            browser.close()
+    for name, s in (("fp32", seconds), ("int8", seconds_int8)):
+        print(
+            f"\nweb app: {N_BUILDINGS} buildings on a 1024x1024 tile, ResNet-18 128 px {name}, "
+            f"click to overlay {s:.2f} s ({os.cpu_count()} CPU cores)"
+        )
+
+
+def _assess(page, model: str) -> float:
+    """Click "Assess" and wait until the summary names ``model`` and the overlay image is
+    loaded; returns the seconds from the click."""
+    start = time.perf_counter()
+    page.locator("#assess-tile").click()
+    page.wait_for_function(
+        "(model) => { const i = document.querySelector('#overlay img');"
+        " const s = document.querySelector('#summary');"
+        " return s && s.textContent.includes('with ' + model + '.')"
+        " && i && i.complete && i.naturalWidth > 0; }",
+        arg=model,
+        timeout=120_000,
+    )
+    return time.perf_counter() - start
+
+
+def test_gradio_client_assess_tile(server, bench_model, bench_tile):
+    from gradio_client import Client, handle_file
+
+    pre, post, label = bench_tile
+    client = Client(server, verbose=False)
+    overlay, summary, table, files = client.predict(
+        str(bench_model.resolve()),
+        handle_file(str(pre)),
+        handle_file(str(post)),
+        handle_file(str(label)),
+        api_name="/assess_tile",
+    )
+    assert Path(overlay).is_file()
+    assert f"**{N_BUILDINGS} buildings**" in summary
+    assert len(table["data"]) == N_BUILDINGS
+    assert "confidence" in table["headers"]
+    assert sorted(Path(f).suffix for f in files) == [".csv", ".geojson"]
+
+
+def test_gradio_client_bad_input_keeps_serving(server, bench_model, bench_tile, tmp_path):
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    pre, post, label = bench_tile
+    junk = tmp_path / "junk.png"
+    junk.write_text("not an image")
+    client = Client(server, verbose=False)
+    with pytest.raises(AppError, match=r"junk\.png: not a readable image"):
+        client.predict(
+            str(bench_model.resolve()),
+            handle_file(str(junk)),
+            handle_file(str(post)),
+            handle_file(str(label)),
+            api_name="/assess_tile",
+        )
+    import cv2
+
+    tile = cv2.imread(str(pre))
+    chip_pre, chip_post = tmp_path / "c_pre.png", tmp_path / "c_post.png"
+    cv2.imwrite(str(chip_pre), tile[100:164, 100:164])
+    cv2.imwrite(str(chip_post), cv2.imread(str(post))[100:164, 100:164])
+    probs, heatmap, note = client.predict(  # the app still serves after the error
+        str(bench_model.resolve()),
+        handle_file(str(chip_pre)),
+        handle_file(str(chip_post)),
+        api_name="/assess_chip",
+    )
+    assert {c["label"] for c in probs["confidences"]} == {
+        "no-damage",
+        "minor-damage",
+        "major-damage",
+        "destroyed",
+    }
+    assert Path(heatmap).is_file() and "feature-correlation map" in note
+
+
+@pytest.mark.realdata
+def test_real_xbd_tile_assessed(score_model, tmp_path):
+    """A real xBD tile from ../shared/data/xbd_sample through the tile-mode function."""
+    from app.predictor import Predictor
+    from app.web import assess_tile
+
+    root = shared_data("xbd_sample")
+    labels = sorted(root.rglob("*_post_disaster.json"))
+    if not labels:
+        pytest.skip(f"{root}: no *_post_disaster.json label files")
+    label = labels[0]
+    name = label.name.replace("_post_disaster.json", "")
+    images = {p.name: p for p in root.rglob(f"{name}_*_disaster.*") if p.suffix != ".json"}
+    pre = next((p for n, p in images.items() if "_pre_" in n), None)
+    post = next((p for n, p in images.items() if "_post_" in n), None)
+    if pre is None or post is None:
+        pytest.skip(f"{label}: images of tile {name} not found")
+    xy = json.loads(label.read_text())["features"]["xy"]
+    n = sum(1 for f in xy if f["properties"].get("feature_type", "building") == "building")
+    r = assess_tile(Predictor(score_model), pre, post, label, tmp_path / "s")
+    assert r.buildings == n and sum(r.counts.values()) > 0
+    assert r.overlay.is_file() and r.csv.is_file()

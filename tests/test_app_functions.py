@@ -1,0 +1,296 @@
+"""The functions behind the web app, called directly on synthetic data (no browser)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_prep.spec import CLASS_NAMES
+
+
+@pytest.fixture(scope="module")
+def map_model(score_model, tmp_path_factory) -> Path:
+    """The shared tiny run exported again with the latent change map as a third output."""
+    from local_damage.export import export_run
+
+    out = tmp_path_factory.mktemp("map_model") / "tiny_map.onnx"
+    export_run(score_model.parent / "run", out, parity_limit=16, change_map=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def predictor(score_model):
+    from app.predictor import Predictor
+
+    return Predictor(score_model)
+
+
+@pytest.fixture(scope="module")
+def xbd_tile(synthetic_xbd):
+    """(pre, post, label) of synthetic tile 0 (PNG) and its number of xy building features."""
+    from data_prep.synthetic import tile_name
+
+    name = tile_name(0)
+    pre = synthetic_xbd / "images" / f"{name}_pre_disaster.png"
+    post = synthetic_xbd / "images" / f"{name}_post_disaster.png"
+    label = synthetic_xbd / "labels" / f"{name}_post_disaster.json"
+    features = json.loads(label.read_text())["features"]["xy"]
+    n = sum(1 for f in features if f["properties"].get("feature_type", "building") == "building")
+    return pre, post, label, n
+
+
+@pytest.fixture(scope="module")
+def tile_result(predictor, xbd_tile, tmp_path_factory):
+    from app.web import assess_tile
+
+    pre, post, label, _ = xbd_tile
+    return assess_tile(predictor, pre, post, label, tmp_path_factory.mktemp("session"))
+
+
+def test_assess_tile_xbd_outputs_agree(tile_result, xbd_tile):
+    import cv2
+    from pyogrio.raw import read
+
+    pre, _, _, n = xbd_tile
+    r = tile_result
+    assert r.mode == "xbd" and r.buildings == n
+    meta, _, wkb, values = read(str(r.vector))
+    assert len(wkb) == n
+    status = np.asarray(values[list(meta["fields"]).index("status")])
+    scored = int(np.sum(status == "scored"))
+    assert 0 < scored <= n and sum(r.counts.values()) == scored
+    damage = [row["damage"] for row in r.rows if row["status"] == "scored"]
+    assert {k: damage.count(k) for k in r.counts} == r.counts
+    for row in r.rows:
+        if row["status"] == "scored":
+            probs = [row["p_" + c.replace("-", "_")] for c in CLASS_NAMES]
+            assert abs(sum(probs) - 1) < 1e-3 and row["confidence"] == pytest.approx(max(probs))
+    with open(r.csv, newline="") as fh:
+        assert len(fh.read().strip().splitlines()) == n + 1
+    overlay = cv2.imread(str(r.overlay))
+    width = cv2.imread(str(pre)).shape[1]
+    assert overlay.shape[1] == width and overlay.shape[0] > width  # legend band below
+    assert f"**{n} buildings**" in r.summary()
+
+
+def test_assess_tile_georeferenced_scene(predictor, synthetic_scene, tmp_path):
+    from app.web import assess_tile
+
+    s = synthetic_scene
+    r = assess_tile(predictor, s.pre[0], s.post[0], s.buildings, tmp_path / "s")
+    assert r.mode == "vector" and r.buildings == s.n_buildings
+    scored = sum(r.counts.values())
+    assert 0 < scored < s.covered  # only the west pre tile was given
+    assert r.vector.suffix == ".geojson" and r.overlay.is_file()
+
+
+def test_building_chips_xbd_and_scene(predictor, tile_result, synthetic_scene, tmp_path):
+    from app.web import AppError, assess_tile, building_chips
+
+    size = predictor.spec.chip_size
+    destroyed = next(i for i, row in enumerate(tile_result.rows) if row["status"] == "scored")
+    pre, post = building_chips(predictor, tile_result.session, destroyed)
+    assert pre.shape == post.shape == (size, size, 3) and pre.dtype == np.uint8
+    assert pre.std() > 0 and post.std() > 0
+    with pytest.raises(AppError, match="does not exist"):
+        building_chips(predictor, tile_result.session, len(tile_result.rows))
+
+    s = synthetic_scene
+    r = assess_tile(predictor, s.pre[0], s.post[0], s.buildings, tmp_path / "s")
+    row = next(i for i, x in enumerate(r.rows) if x["status"] == "scored")
+    pre, post = building_chips(predictor, r.session, row)
+    assert pre.shape == (size, size, 3) and pre.std() > 0
+
+
+def test_corrections_xbd_feed_prepare(predictor, xbd_tile, tmp_path):
+    from app.web import AppError, assess_tile, save_correction
+    from data_prep.report import PrepareReport
+    from data_prep.xbd import parse_buildings, prepare_xbd
+
+    pre, post, label, _ = xbd_tile
+    r = assess_tile(predictor, pre, post, label, tmp_path / "s")
+    rows = [i for i, x in enumerate(r.rows) if x["status"] == "scored"][:2]
+    save_correction(r.session, rows[0], "minor-damage")
+    save_correction(r.session, rows[1], "major-damage")
+    path = save_correction(r.session, rows[0], "destroyed")  # replaces the first correction
+    with pytest.raises(AppError, match="unknown class"):
+        save_correction(r.session, rows[0], "flattened")
+    _, buildings = parse_buildings(path, PrepareReport())
+    got = {b.uid: CLASS_NAMES[b.label] for b in buildings}
+    assert got == {r.rows[rows[0]]["uid"]: "destroyed", r.rows[rows[1]]["uid"]: "major-damage"}
+    prepare_xbd([r.session / "corrections"], tmp_path / "chips", progress=False)
+    with open(tmp_path / "chips" / "manifest.csv") as fh:
+        manifest = fh.read()
+    assert "destroyed" in manifest and "major-damage" in manifest
+    assert len(manifest.strip().splitlines()) == 3
+
+
+def test_corrections_georeferenced_read_by_load_footprints(predictor, synthetic_scene, tmp_path):
+    from app.web import assess_tile, save_correction
+    from data_prep.footprints import load_footprints
+
+    s = synthetic_scene
+    r = assess_tile(predictor, s.pre[0], s.post[0], s.buildings, tmp_path / "s")
+    path = save_correction(r.session, 2, "destroyed")
+    fp = load_footprints(path, "EPSG:32615", label_field="damage")
+    assert list(fp.uids) == [r.rows[2]["uid"]] and list(fp.labels) == [3]
+
+
+def _png_header(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header claims ``width`` x ``height`` but that holds almost no data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+    data += chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + chunk(b"IEND", b"")
+    path.write_bytes(data)
+    return path
+
+
+def test_bad_inputs_give_clear_errors(predictor, xbd_tile, tmp_path):
+    import cv2
+
+    from app.web import AppError, assess_tile
+
+    pre, post, label, _ = xbd_tile
+    out = tmp_path / "s"
+    text = tmp_path / "notes.png"
+    text.write_text("not an image at all")
+    with pytest.raises(AppError, match=r"pre tile notes\.png: not a readable image"):
+        assess_tile(predictor, text, post, label, out)
+
+    bomb = _png_header(tmp_path / "bomb.png", 100_000, 100_000)
+    with pytest.raises(AppError, match=r"bomb\.png: 100000x100000 px is more than"):
+        assess_tile(predictor, pre, bomb, label, out)
+
+    tif = tmp_path / "corrupt.tif"
+    tif.write_bytes(b"II*\x00" + b"\x13" * 200)
+    with pytest.raises(AppError, match=r"corrupt\.tif"):
+        assess_tile(predictor, tif, post, label, out)
+
+    small = tmp_path / "small_post.png"
+    cv2.imwrite(str(small), cv2.imread(str(post))[:128, :128])
+    with pytest.raises(AppError, match=r"small_post\.png.*pixel-aligned"):
+        assess_tile(predictor, pre, small, label, out)
+
+    data = json.loads(label.read_text())
+    for f in data["features"]["xy"]:
+        f["wkt"] = "POLYGON ((5000 5000, 5010 5000, 5010 5010, 5000 5010, 5000 5000))"
+    data["features"]["lng_lat"] = []
+    far = tmp_path / "far_post_disaster.json"
+    far.write_text(json.dumps(data))
+    with pytest.raises(AppError, match=r"far_post_disaster\.json: none of the"):
+        assess_tile(predictor, pre, post, far, out)
+
+    table = tmp_path / "buildings.csv"
+    table.write_text("uid,x,y\n1,2,3\n")
+    with pytest.raises(AppError, match=r"footprints buildings\.csv: unsupported"):
+        assess_tile(predictor, pre, post, table, out)
+
+
+def test_vector_footprints_need_georeferenced_tiles(predictor, xbd_tile, synthetic_scene, tmp_path):
+    from app.web import AppError, assess_tile
+
+    pre, post, _, _ = xbd_tile
+    with pytest.raises(AppError, match="not georeferenced"):
+        assess_tile(predictor, pre, post, synthetic_scene.buildings, tmp_path / "s")
+
+
+def test_model_cache_refuses_bad_and_unoffered_models(score_model, tmp_path):
+    from app.web import AppError, ModelCache
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"definitely not protobuf")
+    cache = ModelCache([str(bad), str(score_model)])
+    with pytest.raises(AppError, match=r"model bad\.onnx: .*not a loadable ONNX model"):
+        cache.get(str(bad))
+    with pytest.raises(AppError, match="not one of the models"):
+        cache.get(str(tmp_path / "other.onnx"))
+    assert cache.get(str(score_model)) is cache.get(str(score_model))
+
+
+def test_change_map_output_matches_pytorch(map_model, score_model):
+    import torch
+
+    from app.predictor import Predictor
+    from local_damage.export import load_run, uint8_model
+
+    p = Predictor(map_model)
+    assert p.has_change_map and p.metadata["outputs"] == ["logits", "embedding", "change_map"]
+    assert not Predictor(score_model).has_change_map
+    rng = np.random.default_rng(0)
+    pre = rng.integers(0, 256, (3, 40, 40, 3), dtype=np.uint8)
+    post = rng.integers(0, 256, (3, 40, 40, 3), dtype=np.uint8)
+    got = p.predict(pre, post, change_map=True)
+    plain = p.predict(pre, post)
+    assert plain.change_map is None
+    np.testing.assert_allclose(plain.logits, got.logits, atol=1e-6)
+    model = load_run(score_model.parent / "run").model
+    wrapper = uint8_model(model, change_map=True)
+    from app.predictor import resize_chips
+
+    size = p.input_size
+    with torch.inference_mode():
+        _, _, ref = wrapper(
+            torch.from_numpy(resize_chips(pre, size)), torch.from_numpy(resize_chips(post, size))
+        )
+    side = model.cfg.latent_size
+    assert got.change_map.shape == (3, 1, side, side)
+    np.testing.assert_allclose(got.change_map, ref.numpy(), atol=1e-4)
+
+
+def test_assess_chip_heatmap(map_model, score_model, xbd_tile, tmp_path):
+    import cv2
+
+    from app.predictor import Predictor
+    from app.web import DISPLAY_SIZE, AppError, assess_chip, make_examples
+
+    ex = make_examples(tmp_path / "ex")
+    assert len(ex["chip"]) == 2 and len(ex["tile"]) == 1
+    pre, post = ex["chip"][1]  # a destroyed building
+    r = assess_chip(Predictor(map_model), pre, post)
+    assert set(r.probabilities) == set(CLASS_NAMES)
+    assert sum(r.probabilities.values()) == pytest.approx(1.0, abs=1e-5)
+    assert r.damage == max(r.probabilities, key=r.probabilities.get)
+    assert r.heatmap.shape == (DISPLAY_SIZE, DISPLAY_SIZE, 3) and r.change_map is not None
+    chip = cv2.resize(cv2.cvtColor(cv2.imread(post), cv2.COLOR_BGR2RGB), (DISPLAY_SIZE,) * 2)
+    assert np.abs(r.heatmap.astype(int) - chip).mean() > 5  # the heatmap is drawn over it
+
+    plain = assess_chip(Predictor(score_model), pre, post)
+    assert plain.change_map is None
+    np.testing.assert_array_equal(plain.heatmap, chip)
+
+    wide = tmp_path / "wide.png"
+    cv2.imwrite(str(wide), np.zeros((32, 48, 3), np.uint8))
+    with pytest.raises(AppError, match=r"wide\.png.*square"):
+        assess_chip(Predictor(score_model), wide, wide)
+    with pytest.raises(AppError, match="same window"):
+        assess_chip(Predictor(score_model), pre, wide)
+
+
+def test_card_and_cli_parser(score_model, tmp_path, capsys):
+    from app.predictor import Predictor
+    from app.web import card_markdown, model_choices
+    from local_damage.cli import build_parser, main
+
+    text = card_markdown(Predictor(score_model))
+    for name in CLASS_NAMES:
+        assert name in text
+    assert "training data:" in text and "licence:" in text and "validation:" in text
+    assert model_choices(tmp_path / "none", str(score_model)) == [str(score_model.resolve())]
+
+    args = build_parser().parse_args(["app", "--model", str(score_model)])
+    assert (args.host, args.port, args.models) == ("127.0.0.1", 7860, "models")
+    assert main(["app", "--models", str(tmp_path / "empty")]) == 2
+    assert "no .onnx file" in capsys.readouterr().err
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("nope")
+    assert main(["app", "--model", str(bad)]) == 2
