@@ -244,6 +244,15 @@ def _is_georeferenced(path: Path) -> bool:
     return _image_georef(path)[0] is not None
 
 
+def _has_lnglat(labels: Path) -> bool:
+    """Whether an xBD label file carries geographic polygons (``features.lng_lat``) for GeoJSON."""
+    try:
+        data = json.loads(labels.read_text())
+        return bool(data.get("features", {}).get("lng_lat"))
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable: let score_xbd report the problem with the file's name
+
+
 def assess_tile(
     predictor: Predictor,
     pre: str | os.PathLike,
@@ -289,33 +298,19 @@ def assess_tile(
     vector = out_dir / f"{scene}.geojson"
     try:
         if mode == "xbd":
-            try:
-                report = score_xbd(
-                    predictor,
-                    pre,
-                    post,
-                    footprints,
-                    vector,
-                    overlay=overlay,
-                    batch_size=batch_size,
-                    name=scene,
-                    progress=False,
-                )
-            except SceneError as exc:
-                if "GeoJSON" not in str(exc):
-                    raise
-                vector = out_dir / f"{scene}.gpkg"  # pixel coordinates, cannot be placed on Earth
-                report = score_xbd(
-                    predictor,
-                    pre,
-                    post,
-                    footprints,
-                    vector,
-                    overlay=overlay,
-                    batch_size=batch_size,
-                    name=scene,
-                    progress=False,
-                )
+            if not _has_lnglat(footprints):  # pixel coordinates only: cannot be placed on Earth
+                vector = out_dir / f"{scene}.gpkg"
+            report = score_xbd(
+                predictor,
+                pre,
+                post,
+                footprints,
+                vector,
+                overlay=overlay,
+                batch_size=batch_size,
+                name=scene,
+                progress=False,
+            )
             if report.buildings and report.not_covered == report.buildings:
                 raise AppError(
                     f"footprints {footprints.name}: none of the {report.buildings} buildings lies "

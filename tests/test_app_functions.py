@@ -78,6 +78,24 @@ def test_assess_tile_xbd_outputs_agree(tile_result, xbd_tile):
     assert f"**{n} buildings**" in r.summary()
 
 
+def test_assess_tile_pixel_only_labels_give_a_geopackage(predictor, xbd_tile, tmp_path):
+    """A label file without lng_lat polygons cannot become RFC 7946 GeoJSON: a GeoPackage in
+    pixel coordinates is written instead, in one scoring pass."""
+    from pyogrio.raw import read
+
+    from app.web import assess_tile
+
+    pre, post, label, n = xbd_tile
+    data = json.loads(label.read_text())
+    data["features"]["lng_lat"] = []
+    pixel_only = tmp_path / label.name
+    pixel_only.write_text(json.dumps(data))
+    r = assess_tile(predictor, pre, post, pixel_only, tmp_path / "out")
+    assert r.vector.suffix == ".gpkg" and r.buildings == n
+    assert len(read(str(r.vector))[2]) == n
+    assert not list((tmp_path / "out").glob("*.geojson"))
+
+
 def test_assess_tile_georeferenced_scene(predictor, synthetic_scene, tmp_path):
     from app.web import assess_tile
 
