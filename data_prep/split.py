@@ -227,21 +227,34 @@ def load_splits(chips: str | os.PathLike):
     return df
 
 
-def fold_indices(chips: str | os.PathLike, fold: int) -> tuple[list[str], list[str]]:
+def fold_indices(
+    chips: str | os.PathLike, fold: int | None, holdout: int | None = None
+) -> tuple[list[str], list[str]]:
     """Chip ids for training and validation when holding out ``fold``.
+
+    Args:
+        chips: chip store folder with splits.csv.
+        fold: the validation fold; None: no validation (every chip outside ``holdout`` trains).
+        holdout: a test fold left out of both training and validation (its chips are never seen).
 
     Returns:
         ``(train_ids, val_ids)``: chip_id lists in splits order; validation is every chip of
-        ``fold``, training every other chip.
+        ``fold``, training every chip of the other folds except ``holdout``.
 
     Raises:
-        ValueError: when ``fold`` is not one of the folds in splits.csv.
+        ValueError: when ``fold`` or ``holdout`` is not one of the folds in splits.csv, or both
+            name the same fold.
     """
     df = load_splits(chips)
     available = sorted(df["fold"].unique())
-    if fold not in available:
-        raise ValueError(
-            f"{Path(chips) / SPLITS}: no fold {fold}; the folds are {', '.join(map(str, available))}"
-        )
-    val = df["fold"].to_numpy() == fold
-    return df.loc[~val, "chip_id"].tolist(), df.loc[val, "chip_id"].tolist()
+    for name, k in (("fold", fold), ("holdout fold", holdout)):
+        if k is not None and k not in available:
+            raise ValueError(
+                f"{Path(chips) / SPLITS}: no {name} {k}; the folds are {', '.join(map(str, available))}"
+            )
+    if fold is not None and fold == holdout:
+        raise ValueError(f"fold {fold} cannot be both the validation and the held-out fold")
+    folds = df["fold"].to_numpy()
+    val = folds == fold if fold is not None else np.zeros(len(df), bool)
+    train = ~val & (folds != holdout if holdout is not None else True)
+    return df.loc[train, "chip_id"].tolist(), df.loc[val, "chip_id"].tolist()

@@ -143,6 +143,24 @@ def test_fold_indices(store):
         fold_indices(store, 7)
 
 
+def test_holdout_fold_is_never_seen(store):
+    make_splits(store, folds=3, seed=1, verbose=False)
+    splits = load_splits(store)
+    fold_of = splits.set_index("chip_id")["fold"]
+    held = set(splits.loc[splits["fold"] == 2, "chip_id"])
+    train, val = fold_indices(store, 0, holdout=2)
+    assert set(val) == set(splits.loc[splits["fold"] == 0, "chip_id"])
+    assert set(fold_of[train]) == {1}
+    assert not (set(train) | set(val)) & held
+    train, val = fold_indices(store, None, holdout=2)
+    assert val == [] and set(fold_of[train]) == {0, 1}
+    assert sorted(train + list(held)) == sorted(splits["chip_id"])
+    with pytest.raises(ValueError, match="both the validation and the held-out"):
+        fold_indices(store, 2, holdout=2)
+    with pytest.raises(ValueError, match="no holdout fold 5"):
+        fold_indices(store, 0, holdout=5)
+
+
 def test_summary_on_stderr(store, capsys):
     make_splits(store, folds=3, seed=0)
     err = capsys.readouterr().err

@@ -74,6 +74,22 @@ def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     assert on_disk["best_val_macro_f1"] == pytest.approx(metrics["val_macro_f1"].max())
 
 
+def test_holdout_chips_are_left_out_of_training(chips, tmp_path, capsys):
+    from data_prep.split import load_splits
+    from local_damage.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", "--chips", str(chips), "--out", str(run), "--holdout", "2", "--quiet"]
+    for item in [*TINY, "train.epochs=1"]:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    splits = load_splits(chips)
+    assert summary["holdout"] == 2 and summary["val_chips"] == 0
+    assert summary["train_chips"] == int((splits["fold"] != 2).sum())
+    assert "without validation" in capsys.readouterr().err
+
+
 def test_same_seed_same_first_epoch_loss(chips, tmp_path):
     losses = []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):

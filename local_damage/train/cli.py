@@ -24,6 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="hold out fold K of CHIPS/splits.csv for validation (see `local-damage split`); without it every labelled chip is used for training",
     )
     p.add_argument(
+        "--holdout",
+        type=int,
+        metavar="K",
+        help="never use fold K of CHIPS/splits.csv (neither training nor validation): test tiles for `local-damage evaluate --fold K`",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             args.chips,
             args.out,
             fold=args.fold,
+            holdout=args.holdout,
             init=args.init,
             resume=args.resume,
             progress=not args.quiet,

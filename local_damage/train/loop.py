@@ -130,6 +130,7 @@ def train(
     init: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
+    holdout: int | None = None,
 ) -> dict[str, Any]:
     """Train a model on a chip store and write the run folder ``out``.
 
@@ -139,6 +140,8 @@ def train(
         out: run folder.
         fold: hold out this fold of splits.csv for validation; None trains on every labelled chip
             without validation (the last epoch's weights become ``best.safetensors``).
+        holdout: a fold of splits.csv never used, neither for training nor for validation: the
+            test tiles of a model whose figures must not be tuned on (``evaluate --fold``).
         init: start from the weights of a run folder or .safetensors file (fine-tuning).
         resume: continue from ``out``'s last checkpoint exactly (same config, optimiser, RNG).
 
@@ -156,10 +159,10 @@ def train(
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
     # Data: training and validation chip ids, labelled chips only.
-    if fold is not None:
+    if fold is not None or holdout is not None:
         from data_prep.split import fold_indices
 
-        train_ids, val_ids = fold_indices(chips, fold)
+        train_ids, val_ids = fold_indices(chips, fold, holdout)
     else:
         from data_prep.store import read_manifest
 
@@ -404,6 +407,7 @@ def train(
         "best_epoch": best_epoch,
         "best_val_macro_f1": best_score if val_loader is not None else None,
         "fold": fold,
+        "holdout": holdout,
         "train_chips": len(train_ds),
         "val_chips": len(val_loader.dataset) if val_loader else 0,
         "class_weights": weights.tolist(),
