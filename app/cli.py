@@ -1,4 +1,4 @@
-"""Command-line parsers for `score`, `score-batch` and `app` (no heavy imports at module level)."""
+"""Command-line parsers for `score`, `score-batch`, `app` and `demo` (no heavy imports at module level)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def _positive(text: str) -> int:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, metavar="ONNX", help="model file from `local-damage export`"
+        "--model",
+        metavar="ONNX",
+        help="model file from `local-damage export` (default: the bundled models/default.onnx)",
     )
     parser.add_argument(
         "--batch-size",
@@ -42,12 +44,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _load_model(path: str):
-    """The predictor, or None after printing why the model cannot be used."""
-    from app.predictor import ModelError, Predictor
+def _load_model(path: str | None):
+    """The predictor (the default model when ``path`` is None), or None after printing why not."""
+    from app.predictor import ModelError, Predictor, default_model
 
     try:
-        return Predictor(path)
+        return Predictor(path if path is not None else default_model())
     except ModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
@@ -172,14 +174,15 @@ def _run_app(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from app.predictor import list_models
+    from app.predictor import ModelError, default_model, default_models_dir
 
-    if args.model is None and not list_models(args.models):
-        print(
-            f"error: no model: {args.models}/ holds no .onnx file and --model was not given",
-            file=sys.stderr,
-        )
-        return 2
+    models_dir = args.models if args.models is not None else str(default_models_dir())
+    if args.model is None:
+        try:
+            args.model = str(default_model(models_dir))
+        except ModelError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.model is not None and _load_model(args.model) is None:
         return 2
     auth = None
@@ -196,12 +199,31 @@ def _run_app(args: argparse.Namespace) -> int:
     from app.web import launch
 
     print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
-    launch(args.models, args.model, host=args.host, port=args.port, auth=auth, work_dir=args.work)
+    launch(models_dir, args.model, host=args.host, port=args.port, auth=auth, work_dir=args.work)
     return 0
 
 
+def _run_demo(args: argparse.Namespace) -> int:
+    from app.demo import SYNTHETIC_NOTE, run_demo
+
+    predictor = _load_model(args.model)
+    if predictor is None:
+        return 2
+    print(f"model: {predictor.path}", file=sys.stderr)
+    try:
+        result = run_demo(predictor, args.out, progress=not args.quiet)
+    except _input_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.report.summary(), file=sys.stderr)
+    print(f"example scene: {result.scene}", file=sys.stderr)
+    print(f"the same with `score`: {result.command}", file=sys.stderr)
+    print(SYNTHETIC_NOTE, file=sys.stderr)
+    return 0 if result.report.scored else 1
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add `score`, `score-batch` and `app` to the top-level subcommands."""
+    """Add `score`, `score-batch`, `app` and `demo` to the top-level subcommands."""
     score = sub.add_parser(
         "score",
         help="grade every building of a scene with an ONNX model (no PyTorch needed)",
@@ -297,13 +319,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     web.add_argument(
-        "--model", metavar="ONNX", help="model offered first (default: the first of --models)"
+        "--model",
+        metavar="ONNX",
+        help="model offered first (default: default.onnx of --models, else its first model)",
     )
     web.add_argument(
         "--models",
-        default="models",
         metavar="DIR",
-        help="folder whose *.onnx files the model picker offers (default models)",
+        help="folder whose *.onnx files the model picker offers (default: ./models when it has "
+        "any, else the bundled models/)",
     )
     web.add_argument(
         "--host",
@@ -323,3 +347,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="folder for each assessment's outputs and corrections (default: a temporary folder)",
     )
     web.set_defaults(func=_run_app)
+
+    demo = sub.add_parser(
+        "demo",
+        help="score an example scene end to end (GeoJSON, raster, overlay) without a browser",
+        description=(
+            "Write a small synthetic georeferenced example scene (pre tiles in UTM, post tiles in "
+            "EPSG:4326, 40 footprints) and score it with the default model exactly as "
+            "`local-damage score` would: OUT/buildings.geojson, OUT/damage.tif (COG) and "
+            "OUT/overlay.png. Prints the equivalent `score` command for your own GeoTIFFs."
+        ),
+    )
+    demo.add_argument(
+        "--model",
+        metavar="ONNX",
+        help="model file (default: the bundled models/default.onnx)",
+    )
+    demo.add_argument(
+        "--out", default="work/demo", metavar="DIR", help="output folder (default work/demo)"
+    )
+    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.set_defaults(func=_run_demo)

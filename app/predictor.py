@@ -320,3 +320,31 @@ def list_models(folder: str | os.PathLike = "models") -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.suffix == ".onnx" and p.is_file())
+
+
+#: File name of the bundled model that every command uses when no --model is given.
+DEFAULT_MODEL_NAME = "default.onnx"
+#: The project's models/ folder (next to the packages in a source checkout).
+BUNDLED_MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def default_models_dir() -> Path:
+    """``./models`` when it holds .onnx files, else the project's bundled ``models/`` folder."""
+    here = Path("models")
+    return here if list_models(here) else BUNDLED_MODELS
+
+
+def default_model(folder: str | os.PathLike | None = None) -> Path:
+    """The model used when none is named: ``default.onnx``, else the first .onnx of ``folder``.
+
+    Raises:
+        ModelError: when the folder holds no .onnx file.
+    """
+    folder = Path(folder) if folder is not None else default_models_dir()
+    models = list_models(folder)
+    if not models:
+        raise ModelError(
+            f"{folder}: no .onnx model here; give --model, or export one with `local-damage export`"
+        )
+    named = [p for p in models if p.name == DEFAULT_MODEL_NAME]
+    return named[0] if named else models[0]

@@ -1,0 +1,92 @@
+"""`local-damage demo` and the default-model resolution shared by score, demo and app."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.test_score import run_cli
+
+
+def test_demo_scores_the_example_scene_end_to_end(tmp_path, score_model, capsys):
+    import geopandas as gpd
+    import rasterio
+    from PIL import Image
+
+    from data_prep.synthetic_scene import make_scene
+
+    out = tmp_path / "demo"
+    assert run_cli("demo", "--model", score_model, "--out", out, "--quiet") == 0
+    err = capsys.readouterr().err
+    assert "synthetic" in err
+    assert "local-damage score --model" in err
+
+    truth = make_scene(tmp_path / "truth")
+    frame = gpd.read_file(out / "buildings.geojson")
+    assert len(frame) == truth.n_buildings
+    scored = frame[frame["status"] == "scored"]
+    assert len(scored) == truth.covered
+    assert set(scored["uid"]) == set(truth.covered_uids)
+    assert frame.crs.to_epsg() == 4326
+    with rasterio.open(out / "damage.tif") as src:
+        classes = src.read(1)
+        assert src.crs.to_epsg() == 32615
+    present = set(np.unique(classes)) - {src.nodata}
+    assert present and present <= {0, 1, 2, 3}
+    assert Image.open(out / "overlay.png").size[0] > 0
+    # the printed command reproduces the outputs with `score`
+    command = next(line for line in err.splitlines() if "local-damage score" in line)
+    argv = command.split("local-damage ", 1)[1].split()
+    again = tmp_path / "again"
+    again.mkdir()
+    argv = [a.replace(str(out / "buildings"), str(again / "buildings")) for a in argv]
+    argv = [a.replace(str(out / "damage"), str(again / "damage")) for a in argv]
+    argv = [a.replace(str(out / "overlay"), str(again / "overlay")) for a in argv]
+    assert run_cli(*argv, "--quiet") == 0
+    first = json.loads((out / "buildings.geojson").read_text())["features"]
+    second = json.loads((again / "buildings.geojson").read_text())["features"]
+    assert [f["properties"]["damage"] for f in first] == [f["properties"]["damage"] for f in second]
+
+
+def test_demo_without_a_model_says_how_to_get_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("demo", "--model", tmp_path / "missing.onnx", "--out", tmp_path / "o") == 2
+    err = capsys.readouterr().err
+    assert "missing.onnx" in err
+
+
+def test_default_model_prefers_default_onnx(tmp_path, score_model):
+    from app.predictor import ModelError, default_model
+
+    with pytest.raises(ModelError, match="no .onnx model"):
+        default_model(tmp_path)
+    shutil.copy(score_model, tmp_path / "a.onnx")
+    assert default_model(tmp_path).name == "a.onnx"
+    shutil.copy(score_model, tmp_path / "default.onnx")
+    assert default_model(tmp_path).name == "default.onnx"
+
+
+def test_score_uses_the_models_folder_of_the_working_directory(
+    tmp_path, monkeypatch, score_model, synthetic_scene, capsys
+):
+    (tmp_path / "models").mkdir()
+    shutil.copy(score_model, tmp_path / "models" / "default.onnx")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "b.geojson"
+    code = run_cli(
+        "score",
+        "--pre",
+        *synthetic_scene.pre,
+        "--post",
+        *synthetic_scene.post,
+        "--buildings",
+        synthetic_scene.buildings,
+        "--out",
+        out,
+        "--quiet",
+    )
+    assert code == 0
+    assert len(json.loads(out.read_text())["features"]) == synthetic_scene.n_buildings
