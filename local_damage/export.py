@@ -880,8 +880,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also output `change_map`, the latent correlation map the web app shows as a "
         "heatmap (models with a latent module)",
     )
+    p.add_argument(
+        "--weights",
+        metavar="NAME.safetensors",
+        help="also write the run's weights as fp16 safetensors, small enough to ship next to the "
+        "model, for fine-tuning with `local-damage train --init`",
+    )
     p.add_argument("--json", action="store_true", help="print the parity report as JSON")
     p.set_defaults(func=_run_cli)
+
+
+def export_weights(run: str | Path, out: str | Path) -> Path:
+    """Write the run's best weights as fp16 safetensors (for ``train --init``), atomically.
+
+    Floating-point tensors are stored in fp16 (half the size; fine-tuning loads them into an fp32
+    model); integer buffers (BatchNorm counters) are kept. The run's config travels in the
+    file's metadata.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from data_prep.store import atomic_path
+    from local_damage.train.checkpoint import resolve_weights
+
+    run = Path(run)
+    state = load_file(str(resolve_weights(run)))
+    half = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+    config = run / "config.yaml"
+    metadata = {"config": config.read_text()} if config.is_file() else {}
+    metadata["source"] = "local-damage export --weights"
+    with atomic_path(out, suffix=".safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in half.items()}, str(tmp), metadata=metadata)
+    return Path(out)
 
 
 def _run_cli(args: argparse.Namespace) -> int:
@@ -903,5 +932,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else format_report(report, args.out))
+    if args.weights:
+        print(f"wrote {export_weights(args.run, args.weights)} (fp16 weights for --init)")
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0

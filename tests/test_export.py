@@ -208,3 +208,34 @@ def test_bad_runs_give_clear_errors(tiny_run, tmp_path, capsys):
     with pytest.raises(ExportError, match=r"\.onnx"):
         export_run(tiny_run, tmp_path / "m.bin")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_fp16_weights_fine_tune_into_the_same_model(tiny_run, tmp_path):
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from local_damage.config import load_yaml
+    from local_damage.export import export_weights
+    from local_damage.models import build_model
+    from local_damage.train.checkpoint import load_weights, resolve_weights
+    from local_damage.train.config import Config
+    from local_damage.train.loop import model_config_for
+
+    out = export_weights(tiny_run, tmp_path / "w.safetensors")
+    full = load_file(str(resolve_weights(tiny_run)))
+    half = load_file(str(out))
+    assert half.keys() == full.keys()
+    assert out.stat().st_size < 0.6 * resolve_weights(tiny_run).stat().st_size
+    for key, value in full.items():
+        if value.is_floating_point():
+            assert half[key].dtype == torch.float16
+            torch.testing.assert_close(half[key].float(), value, rtol=1e-3, atol=1e-4)
+        else:
+            assert torch.equal(half[key], value)
+    with safe_open(str(out), "pt") as f:
+        assert "encoder" in f.metadata()["config"]
+    cfg = load_yaml(Config, tiny_run / "config.yaml")
+    model = build_model(model_config_for(cfg))
+    assert load_weights(model, out) == ([], [])
+    assert next(model.parameters()).dtype == torch.float32
