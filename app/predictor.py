@@ -270,7 +270,8 @@ class Predictor:
         )
 
     def card(self) -> dict[str, Any]:
-        """What a model picker shows: name, classes, training data, validation metrics, licence,
+        """What a model picker shows: name, classes, training data, validation and held-out test
+        metrics, licence,
         chip spec, input size, precision, parity, and the providers in use."""
         md = self.metadata
         config = md.get("config") or {}
@@ -289,6 +290,7 @@ class Predictor:
             "chip_spec": self.spec.to_dict(),
             "training_data": md.get("training_data"),
             "validation_metrics": md.get("validation_metrics"),
+            "test_metrics": md.get("test_metrics"),
             "license": md.get("license"),
             "parity": md.get("parity"),
             "created_by": md.get("created_by"),

@@ -716,28 +716,50 @@ class ModelCache:
 
 
 def card_markdown(predictor: Predictor) -> str:
-    """A model card as Markdown: classes, training data, validation metrics, licence."""
+    """A model card as Markdown: classes, training data, validation and test metrics, licence."""
     card = predictor.card()
-    metrics = card.get("validation_metrics") or {}
     lines = [
         f"**{card['name']}** ({card.get('encoder') or '?'}, {card.get('method') or '?'}, "
         f"{card['precision']}, {card['input_size']} px input, {card['size_mb']} MB)",
         "",
         f"- classes: {', '.join(card['classes'])}",
-        f"- training data: {_text(card.get('training_data'))}",
+        f"- training data: {_training_text(card.get('training_data'))}",
         f"- licence: {_text(card.get('license'))}",
         f"- change map (heatmap): {'yes' if predictor.has_change_map else 'no'}",
+        f"- validation: {_validation_text(card.get('validation_metrics'))}",
     ]
-    if isinstance(metrics, dict) and metrics:
-        shown = {k: v for k, v in metrics.items() if not isinstance(v, (dict, list))}
+    tested = card.get("test_metrics")
+    if isinstance(tested, dict):
+        f1 = tested.get("f1") or {}
         lines.append(
-            "- validation: " + ", ".join(f"{k} {_text(v)}" for k, v in shown.items())
-            if shown
-            else f"- validation: {_text(metrics)}"
+            f"- held-out test ({tested.get('n', '?')} buildings): accuracy "
+            f"{_text(tested.get('accuracy'))}, macro-F1 {_text(tested.get('macro_f1'))}"
+            + (", F1 " + ", ".join(f"{k} {_text(v)}" for k, v in f1.items()) if f1 else "")
         )
-    else:
-        lines.append("- validation: not recorded")
     return "\n".join(lines)
+
+
+def _training_text(info: Any) -> str:
+    if not isinstance(info, dict):
+        return _text(info)
+    events = info.get("events") or []
+    text = f"{info.get('source', 'unknown')}"
+    if info.get("train_chips") is not None:
+        text += f", {info['train_chips']} training buildings"
+    if events:
+        text += f" from {len(events)} event(s): {', '.join(map(str, events))}"
+    if info.get("credit"):
+        text += f" ({info['credit']})"
+    return text
+
+
+def _validation_text(metrics: Any) -> str:
+    if not isinstance(metrics, dict) or not metrics:
+        return "not recorded"
+    if metrics.get("macro_f1") is None:
+        return "none (trained on every labelled chip; see the held-out test figures)"
+    shown = {k: v for k, v in metrics.items() if v is not None and not isinstance(v, (dict, list))}
+    return ", ".join(f"{k} {_text(v)}" for k, v in shown.items())
 
 
 def _text(value: Any) -> str:

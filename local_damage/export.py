@@ -527,6 +527,34 @@ def validation_metrics(summary: Mapping[str, Any], metrics: Sequence[Mapping[str
     }
 
 
+def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
+    """The headline figures of an ``evaluate`` metrics.json, for a model's metadata.
+
+    Raises:
+        ExportError: the file is missing, not JSON, or lacks accuracy / macro_f1.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ExportError(f"{path}: test metrics file not found") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ExportError(f"{path}: not a metrics.json of `local-damage evaluate` ({exc})") from exc
+    if not isinstance(data, dict) or "accuracy" not in data or "macro_f1" not in data:
+        raise ExportError(
+            f"{path}: no accuracy / macro_f1; expected `local-damage evaluate` output"
+        )
+    per_class = data.get("per_class") or {}
+    return {
+        "accuracy": data["accuracy"],
+        "macro_f1": data["macro_f1"],
+        "xview2_damage_f1": data.get("xview2_damage_f1"),
+        "f1": {name: v.get("f1") for name, v in per_class.items() if isinstance(v, dict)},
+        "n": data.get("n"),
+        "source": str(path),
+    }
+
+
 def _resolve_chips(info: RunInfo, chips: str | os.PathLike | None) -> Path:
     from data_prep.store import MANIFEST
 
@@ -642,6 +670,7 @@ def export_run(
     int8_method: str = "static",
     threads: int | None = None,
     change_map: bool = False,
+    test_metrics: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Export a run's best weights to ``out`` and check it; returns the parity report.
 
@@ -657,6 +686,9 @@ def export_run(
         int8_method: ``"static"`` or ``"dynamic"`` (see :func:`quantize_int8`).
         threads: ONNX Runtime intra-op threads for the check (default: its own choice).
         change_map: also output the latent correlation map (see :func:`export_onnx`).
+        test_metrics: a ``metrics.json`` of ``local-damage evaluate`` on held-out data, stored as
+            the ``test_metrics`` metadata (for a model trained on everything, the figures of
+            the same recipe trained without the held-out tiles; say so in its model card).
 
     Returns:
         The parity report: ``chips`` (what was compared), ``fp32`` (max |logit| and |embedding|
@@ -683,6 +715,7 @@ def export_run(
     if quantize and fp16:
         raise ExportError("choose one of --quantize int8 and --fp16")
     info = load_run(run)
+    tested = summarize_test_metrics(test_metrics) if test_metrics is not None else None
     store = _resolve_chips(info, chips)
     meta = read_meta(store)
     spec_dict = info.summary.get("chip_spec") or meta.get("spec")
@@ -717,6 +750,8 @@ def export_run(
         "license": licence,
         "run": str(info.path),
     }
+    if tested is not None:
+        props["test_metrics"] = tested
 
     parity_ids, parity_what, calib_ids = chip_selection(
         store, info.summary.get("fold"), parity_limit, calibration_limit
@@ -881,6 +916,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "heatmap (models with a latent module)",
     )
     p.add_argument(
+        "--test-metrics",
+        metavar="METRICS.json",
+        help="held-out figures from `local-damage evaluate` to store in the model's metadata "
+        "(shown by the web app's model card)",
+    )
+    p.add_argument(
         "--weights",
         metavar="NAME.safetensors",
         help="also write the run's weights as fp16 safetensors, small enough to ship next to the "
@@ -927,6 +968,7 @@ def _run_cli(args: argparse.Namespace) -> int:
             calibration_limit=args.calibration_chips,
             int8_method=args.int8_method,
             change_map=args.change_map,
+            test_metrics=args.test_metrics,
         )
     except (ExportError, FileNotFoundError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -306,9 +306,9 @@ def test_card_and_cli_parser(score_model, tmp_path, capsys):
     assert model_choices(tmp_path / "none", str(score_model)) == [str(score_model.resolve())]
 
     args = build_parser().parse_args(["app", "--model", str(score_model)])
-    assert (args.host, args.port, args.models) == ("127.0.0.1", 7860, "models")
+    assert (args.host, args.port, args.models) == ("127.0.0.1", 7860, None)
     assert main(["app", "--models", str(tmp_path / "empty")]) == 2
-    assert "no .onnx file" in capsys.readouterr().err
+    assert "no .onnx model here" in capsys.readouterr().err
     bad = tmp_path / "bad.onnx"
     bad.write_text("nope")
     assert main(["app", "--model", str(bad)]) == 2

@@ -239,3 +239,33 @@ def test_fp16_weights_fine_tune_into_the_same_model(tiny_run, tmp_path):
     model = build_model(model_config_for(cfg))
     assert load_weights(model, out) == ([], [])
     assert next(model.parameters()).dtype == torch.float32
+
+
+def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
+    import json
+
+    from app.predictor import Predictor
+    from app.web import card_markdown
+    from local_damage.cli import main
+    from local_damage.export import ExportError, export_run, summarize_test_metrics
+
+    evaluated = tmp_path / "eval"
+    argv = ["evaluate", "--run", str(tiny_run), "--chips", str(tiny_run.parent / "chips")]
+    assert main([*argv, "--fold", "0", "--out", str(evaluated), "--no-tsne", "--quiet"]) == 0
+    metrics = json.loads((evaluated / "metrics.json").read_text())
+    model = tmp_path / "m.onnx"
+    export_run(tiny_run, model, parity_limit=8, test_metrics=evaluated / "metrics.json")
+    card = Predictor(model).card()
+    assert card["test_metrics"]["accuracy"] == metrics["accuracy"]
+    assert card["test_metrics"]["n"] == metrics["n"]
+    assert set(card["test_metrics"]["f1"]) == set(metrics["per_class"])
+    text = card_markdown(Predictor(model))
+    assert f"held-out test ({metrics['n']} buildings)" in text
+    assert f"macro-F1 {metrics['macro_f1']:.4f}" in text
+
+    with pytest.raises(ExportError, match="not found"):
+        summarize_test_metrics(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ExportError, match="bad.json: no accuracy"):
+        summarize_test_metrics(bad)
