@@ -90,6 +90,23 @@ def test_holdout_chips_are_left_out_of_training(chips, tmp_path, capsys):
     assert "without validation" in capsys.readouterr().err
 
 
+def test_balanced_sampling_does_not_weight_the_loss_twice(chips, tmp_path):
+    from data_prep.store import read_manifest
+
+    labels = read_manifest(chips)["label"]
+    present = sorted(set(labels[labels >= 0]))
+    plain = train(tiny("train.epochs=1"), chips, tmp_path / "plain", progress=False)
+    assert len(set(np.round(plain["class_weights"], 6))) > 1  # skewed data: unequal weights
+    balanced = train(
+        tiny("train.epochs=1", "data.balanced_sampling=true"),
+        chips,
+        tmp_path / "balanced",
+        progress=False,
+    )
+    expected = [1.0 if c in present else 0.0 for c in range(len(balanced["class_weights"]))]
+    assert balanced["class_weights"] == pytest.approx(expected)
+
+
 def test_same_seed_same_first_epoch_loss(chips, tmp_path):
     losses = []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):

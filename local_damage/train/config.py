@@ -15,7 +15,8 @@ class DataConfig:
     Attributes:
         input_size: side of the model input in pixels (chips are resized to it).
         augment: paired geometric and per-image photometric augmentation for training.
-        balanced_sampling: draw each class equally often (with replacement) instead of uniformly.
+        balanced_sampling: draw each class equally often (with replacement) instead of uniformly;
+            the cross-entropy weights are then equal (the sampling already balances the classes).
         num_workers: DataLoader worker processes (0 = load in the training process).
     """
 

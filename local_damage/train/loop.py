@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from data_prep.spec import CLASS_NAMES
 from local_damage.config import save_yaml, to_dict
-from local_damage.data import ChipPairDataset, balanced_sampler, normalize
+from local_damage.data import ChipPairDataset, balanced_sampler, class_counts, normalize
 from local_damage.losses import class_weights
 from local_damage.losses.objective import uses_latent
 from local_damage.metrics import classification_metrics
@@ -222,7 +222,12 @@ def train(
             print(
                 f"init from {init}: {len(missing)} missing, {len(unexpected)} unexpected weight(s)"
             )
-    weights = class_weights(train_ds.labels, num_classes)
+    counts = class_counts(train_ds.labels, num_classes)
+    if cfg.data.balanced_sampling:
+        # Every present class is drawn equally often, so the batches already carry the
+        # reciprocal-frequency weighting; weighting the loss as well would correct twice.
+        counts = (counts > 0).astype(np.int64)
+    weights = class_weights(counts, num_classes, counts=True)
     weights = torch.as_tensor(weights, dtype=torch.float32)
     objective = cfg.loss.build(weights).to(device)
     optimizer, scheduler = build_optimizer(cfg, model)
