@@ -117,12 +117,27 @@ def write_manifest(
     if meta is not None:
         write_json(root / STORE_META, dict(meta))
     out = root / MANIFEST
+    named: set[str] = set()
     with atomic_path(out, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(MANIFEST_COLUMNS)
         for row in rows:
+            named.update(str(row[k]) for k in ("pre_file", "post_file") if row.get(k))
             writer.writerow(["" if (v := row.get(k)) is None else v for k in MANIFEST_COLUMNS])
+    prune_shards(root, named)
     return out
+
+
+def prune_shards(root: str | os.PathLike, named: set[str]) -> list[Path]:
+    """Remove shard files of an earlier run that the new manifest no longer names (a rerun
+    over fewer tiles would otherwise leave them behind); returns the removed paths."""
+    root = Path(root)
+    removed = []
+    for path in sorted((root / SHARDS).glob("*.npy")):
+        if f"{SHARDS}/{path.name}" not in named:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def start_store(root: str | os.PathLike) -> Path:

@@ -153,3 +153,20 @@ def test_atomic_path_gives_usual_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert (target.stat().st_mode & 0o777) == (0o666 & ~mask)
+
+
+def test_rerun_over_fewer_tiles_removes_shards_the_manifest_no_longer_names(tmp_path):
+    rng = np.random.default_rng(1)
+    root = start_store(tmp_path / "chips")
+    files = {t: write_shard(root, t, _chips(rng, 2), _chips(rng, 2)) for t in ("a", "b", "c")}
+    write_manifest(root, [_row(t, i, *files[t]) for t in files for i in range(2)])
+    assert len(list((root / "shards").glob("*.npy"))) == 6
+
+    root = start_store(root)  # the rerun finds only tile a
+    files = {"a": write_shard(root, "a", _chips(rng, 2), _chips(rng, 2))}
+    write_manifest(root, [_row("a", i, *files["a"]) for i in range(2)])
+    assert sorted(p.name for p in (root / "shards").glob("*.npy")) == ["a_post.npy", "a_pre.npy"]
+    assert len(read_manifest(root)) == 2
+    reader = ChipReader(root)
+    for _, row in read_manifest(root).iterrows():
+        assert reader.pair(row)[0].shape == (16, 16, 3)
