@@ -521,3 +521,23 @@ def test_joplin_geopackage_footprints(tmp_path):
         progress=False,
     )
     assert report.chips + report.not_covered + len(report.skipped) == total
+
+
+def test_large_synthetic_scene_is_written_block_by_block(tmp_path):
+    import geopandas as gpd
+    import rasterio
+
+    from data_prep.synthetic_scene import make_large_scene
+
+    n = make_large_scene(tmp_path / "s", 600, spacing=100)
+    assert n == 36
+    for name in ("pre/pre.tif", "post/post.tif"):
+        with rasterio.open(tmp_path / "s" / name) as src:
+            assert (src.width, src.height, src.count) == (600, 600, 3)
+            assert src.crs.to_epsg() == 32615 and src.block_shapes[0] == (512, 512)
+    with (
+        rasterio.open(tmp_path / "s/pre/pre.tif") as a,
+        rasterio.open(tmp_path / "s/post/post.tif") as b,
+    ):
+        assert (a.read() != b.read()).any()  # damage drawn in post
+    assert len(gpd.read_file(tmp_path / "s" / "buildings.geojson")) == n

@@ -1,10 +1,8 @@
 """`local-damage score`: per-building grades from an ONNX model on scenes and xBD tiles.
 
 The model is the session's tiny exported model (``score_model`` in conftest.py: the real
-make_xbd -> prepare_xbd -> train -> export pipeline). Run as a script, this file also writes the
-large synthetic scene used for the memory measurement (see docs/scoring.md):
-
-    python tests/test_score.py --size 8000 --out /tmp/large8000
+make_xbd -> prepare_xbd -> train -> export pipeline). The large scenes of the memory measurement
+come from ``data_prep.synthetic_scene.make_large_scene`` (see docs/scoring.md).
 """
 
 from __future__ import annotations
@@ -601,84 +599,6 @@ def test_puertorico_geotiff(tmp_path, score_model, predictor):
 # ------------------------------------------------------------------------------ memory
 
 
-def make_large_scene(root: str | Path, size: int, spacing: int = 100, seed: int = 0) -> int:
-    """Write a ``size`` x ``size`` px georeferenced scene block by block; returns the buildings.
-
-    ``pre/pre.tif`` and ``post/post.tif`` (EPSG:32615, 0.5 m, tiled, deflate) and
-    ``buildings.geojson``: one rectangular building of 12-30 px per ``spacing`` px cell (so the
-    density does not depend on ``size``), drawn darker in post according to a random class.
-    Generation reads and writes 512 px blocks, so its memory does not grow with ``size``.
-    """
-    import rasterio
-    import shapely
-    from affine import Affine
-    from rasterio.windows import Window
-
-    from data_prep.synthetic_scene import write_footprints
-
-    root = Path(root)
-    for sub in ("pre", "post"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    cells = size // spacing
-    n = cells * cells
-    r, c = np.divmod(np.arange(n), cells)
-    w, h = rng.integers(12, 31, n), rng.integers(12, 31, n)
-    x0 = c * spacing + (spacing - w) // 2 + rng.integers(-20, 21, n)
-    y0 = r * spacing + (spacing - h) // 2 + rng.integers(-20, 21, n)
-    label = rng.integers(0, 4, n)
-    roof = rng.integers(120, 230, (n, 3))
-    transform = Affine(0.5, 0, 362000.0, 0, -0.5, 4102000.0)
-    profile = {
-        "driver": "GTiff",
-        "width": size,
-        "height": size,
-        "count": 3,
-        "dtype": "uint8",
-        "crs": "EPSG:32615",
-        "transform": transform,
-        "tiled": True,
-        "blockxsize": 512,
-        "blockysize": 512,
-        "compress": "deflate",
-        "predictor": 2,
-        "photometric": "RGB",
-        "BIGTIFF": "IF_SAFER",
-    }
-    block = 512
-    with (
-        rasterio.open(root / "pre" / "pre.tif", "w", **profile) as pre,
-        rasterio.open(root / "post" / "post.tif", "w", **profile) as post,
-    ):
-        for br in range(0, size, block):
-            for bc in range(0, size, block):
-                bh, bw = min(block, size - br), min(block, size - bc)
-                rows, cols = np.mgrid[br : br + bh, bc : bc + bw].astype(np.float32)
-                tex = 10 * np.sin(cols / 23.0) * np.cos(rows / 17.0)
-                before = np.clip(np.stack([80 + tex, 105 + tex, 60 + tex / 2], -1), 1, 255)
-                before = before.astype(np.uint8)
-                after = before.copy()
-                hit = (x0 < bc + bw) & (x0 + w > bc) & (y0 < br + bh) & (y0 + h > br)
-                for i in np.flatnonzero(hit):
-                    ys = slice(max(y0[i] - br, 0), min(y0[i] + h[i] - br, bh))
-                    xs = slice(max(x0[i] - bc, 0), min(x0[i] + w[i] - bc, bw))
-                    before[ys, xs] = roof[i]
-                    after[ys, xs] = (roof[i] * (1 - 0.25 * label[i])).astype(np.uint8)
-                window = Window(bc, br, bw, bh)
-                pre.write(np.moveaxis(before, -1, 0), window=window)
-                post.write(np.moveaxis(after, -1, 0), window=window)
-    boxes = shapely.box(x0, y0, x0 + w, y0 + h)
-    geo = shapely.transform(boxes, lambda xy: np.column_stack(transform @ (xy[:, 0], xy[:, 1])))
-    write_footprints(
-        root / "buildings.geojson",
-        geo,
-        "EPSG:32615",
-        {"uid": np.array([f"b{i:06d}" for i in range(n)], dtype=object)},
-        "GeoJSON",
-    )
-    return n
-
-
 _MEASURE = """
 import sys, time
 from local_damage.cli import main
@@ -712,6 +632,8 @@ def measure_score(scene: Path, model: Path, out: Path) -> tuple[float, float]:
 @pytest.mark.slow
 def test_peak_memory_does_not_grow_with_scene_size(tmp_path, score_model):
     """2000 x 2000 vs 8000 x 8000 px at the same building density (16x the pixels and buildings)."""
+    from data_prep.synthetic_scene import make_large_scene
+
     results = {}
     for size in (2000, 8000):
         scene = tmp_path / f"large{size}"
@@ -726,14 +648,3 @@ def test_peak_memory_does_not_grow_with_scene_size(tmp_path, score_model):
     small, large = results[2000][1], results[8000][1]
     assert large - small < 64, results  # MB
     assert math.isfinite(large)
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Write the large synthetic scene for scoring.")
-    parser.add_argument("--size", type=int, default=8000, help="side in pixels (default 8000)")
-    parser.add_argument("--spacing", type=int, default=100, help="pixels per building cell")
-    parser.add_argument("--out", required=True, help="output folder")
-    a = parser.parse_args()
-    print(f"{make_large_scene(a.out, a.size, a.spacing)} buildings written to {a.out}")
