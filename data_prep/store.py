@@ -74,6 +74,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
         os.close(fd)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
         yield Path(tmp)
+        # again: some writers (safetensors) replace the file and bring back 0600
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         if tmp is not None:

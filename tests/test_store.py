@@ -170,3 +170,15 @@ def test_rerun_over_fewer_tiles_removes_shards_the_manifest_no_longer_names(tmp_
     reader = ChipReader(root)
     for _, row in read_manifest(root).iterrows():
         assert reader.pair(row)[0].shape == (16, 16, 3)
+
+
+def test_atomic_path_permissions_survive_a_writer_that_replaces_the_file(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    target = tmp_path / "w.safetensors"
+    with atomic_path(target, suffix=".safetensors") as tmp:
+        save_file({"a": torch.zeros(2)}, str(tmp))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (target.stat().st_mode & 0o777) == (0o666 & ~mask)

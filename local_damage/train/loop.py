@@ -476,7 +476,10 @@ def _plot_curves(run: Path) -> None:
     ax2.set_xlabel("epoch")
     ax2.set_ylim(0, 1)
     ax2.set_title("validation")
-    ax2.legend(fontsize=8)
+    if ax2.get_legend_handles_labels()[0]:
+        ax2.legend(fontsize=8)
+    else:  # trained without validation (every chip, or --holdout alone)
+        ax2.text(0.5, 0.5, "no validation fold", ha="center", va="center", transform=ax2.transAxes)
     fig.tight_layout()
     with atomic_path(run / "curves.png", suffix=".png") as tmp:
         fig.savefig(tmp, dpi=100, format="png")
