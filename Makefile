@@ -3,8 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXAMPLE := work/example
+PORT ?= 7860
+# Real xBD tiles for the default model (CC BY-NC-SA 4.0; see models/default.md).
+XBD ?= ../shared/data/xbd_sample
+DEFAULT := work/default-model
+# Held-out test tiles of the default model: fold 1 of `split --folds 5 --seed 14` (7 of 33
+# tiles, every event of the sample).
+HOLDOUT_SEED := 14
+HOLDOUT_FOLD := 1
+# Held-out figures stored in the default model's metadata (from `make default-model-heldout`).
+TEST_METRICS ?= $(DEFAULT)/heldout-local/eval/metrics.json
 
-.PHONY: install run test test-all lint format clean
+.PHONY: install run demo test test-all lint format clean default-model default-model-heldout
 
 install: $(VENV)/.installed
 
@@ -14,10 +24,36 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
-## The main job: generate a small synthetic xBD-format example and cut its chip pairs.
+## The main job: the web app with the bundled default model, on http://127.0.0.1:$(PORT).
 run: install
-	$(BIN)/python -m data_prep.synthetic --out $(EXAMPLE)
-	$(BIN)/local-damage prepare xbd --root $(EXAMPLE)/xbd --out $(EXAMPLE)/chips
+	$(BIN)/local-damage app --port $(PORT)
+
+## The same without a browser: score an example scene to GeoJSON, COG raster and PNG overlay.
+demo: install
+	$(BIN)/local-damage demo --out work/demo
+
+## The default model, end to end: prepare, split, train on every tile, export int8 ONNX
+## (run `make default-model-heldout` first to store its held-out figures in the model).
+default-model: install
+	$(BIN)/local-damage prepare xbd --root $(XBD) --out $(DEFAULT)/chips --workers 2
+	$(BIN)/local-damage split $(DEFAULT)/chips --folds 5 --by tile --seed $(HOLDOUT_SEED)
+	$(BIN)/local-damage train --config configs/default.yaml --chips $(DEFAULT)/chips \
+		--out $(DEFAULT)/run
+	$(BIN)/local-damage export --run $(DEFAULT)/run --out models/default.onnx \
+		--quantize int8 --change-map --weights models/default.safetensors \
+		$(if $(wildcard $(TEST_METRICS)),--test-metrics $(TEST_METRICS))
+
+## The model card's figures: LOCAL, SCL and L-SCL by the default recipe, trained without the
+## held-out tiles and evaluated on them.
+default-model-heldout: install
+	$(BIN)/local-damage prepare xbd --root $(XBD) --out $(DEFAULT)/chips --workers 2
+	$(BIN)/local-damage split $(DEFAULT)/chips --folds 5 --by tile --seed $(HOLDOUT_SEED)
+	for method in local scl l-scl; do \
+		$(BIN)/local-damage train --config configs/default.yaml --chips $(DEFAULT)/chips \
+			--holdout $(HOLDOUT_FOLD) --set loss.method=$$method --out $(DEFAULT)/heldout-$$method \
+		&& $(BIN)/local-damage evaluate --run $(DEFAULT)/heldout-$$method --chips $(DEFAULT)/chips \
+			--fold $(HOLDOUT_FOLD) --out $(DEFAULT)/heldout-$$method/eval || exit 1; \
+	done
 
 ## The test suite (fast tests plus real-data tests when ../shared/data is present).
 test: install

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.conftest import REPO
 from tests.test_score import run_cli
 
 
@@ -90,3 +91,34 @@ def test_score_uses_the_models_folder_of_the_working_directory(
     )
     assert code == 0
     assert len(json.loads(out.read_text())["features"]) == synthetic_scene.n_buildings
+
+
+BUNDLED = REPO / "models" / "default.onnx"
+
+
+@pytest.mark.skipif(not BUNDLED.is_file(), reason=f"{BUNDLED} is not in this checkout")
+def test_bundled_default_model_serves_the_app_examples(tmp_path):
+    """The newcomer's first run: the shipped model loads, says where it comes from, and the
+    app's examples (tile and chips) work with it at once."""
+    from app.predictor import Predictor, default_model
+    from app.web import assess_chip, assess_tile, card_markdown, make_examples
+
+    assert default_model(REPO / "models") == BUNDLED
+    predictor = Predictor(BUNDLED)
+    card = predictor.card()
+    assert card["license"] == "CC BY-NC-SA 4.0"
+    assert card["training_data"]["source"] == "xBD"
+    assert card["precision"] == "int8" and predictor.has_change_map
+    assert card["test_metrics"]["n"] > 0
+    assert BUNDLED.stat().st_size < 25e6
+    assert "held-out test" in card_markdown(predictor)
+
+    examples = make_examples(tmp_path / "examples")
+    pre, post, labels = examples["tile"][0]
+    result = assess_tile(predictor, pre, post, labels, tmp_path / "session")
+    assert len(result.rows) > 0 and sum(result.counts.values()) > 0
+    assert result.overlay.is_file() and result.vector.is_file()
+    for pre, post in examples["chip"]:
+        chip = assess_chip(predictor, pre, post)
+        assert sum(chip.probabilities.values()) == pytest.approx(1.0, abs=1e-4)
+        assert chip.change_map is not None and np.isfinite(chip.change_map).all()
