@@ -129,7 +129,7 @@ def _interrupt_on_sigterm():
 
 
 def _run_score_batch(args: argparse.Namespace) -> int:
-    from app.score import parse_shard, read_scene_list, score_batch, summary_path
+    from app.batch import parse_shard, read_scene_list, score_batch, summary_path
 
     errors = _input_errors()
     shard = None

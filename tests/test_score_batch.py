@@ -223,7 +223,7 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
 
 
 def test_shards_partition_the_scenes(tmp_path, synthetic_scene, score_model):
-    from app.score import parse_shard, read_scene_list, shard_of
+    from app.batch import parse_shard, read_scene_list, shard_of
 
     scenes = tmp_path / "scenes"
     names = [f"scene-{i}" for i in range(7)]
@@ -271,7 +271,7 @@ def test_all_scenes_bad_exits_non_zero(tmp_path, synthetic_scene, score_model, c
 
 
 def test_scene_list_errors(tmp_path, synthetic_scene, score_model, capsys):
-    from app.score import read_scene_list
+    from app.batch import read_scene_list
     from data_prep.mosaic import SceneError
 
     csv = tmp_path / "scenes.csv"

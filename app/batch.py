@@ -1,0 +1,390 @@
+"""Batch scoring: many scenes with one loaded model, one set of outputs per scene.
+
+Scenes are listed in a CSV or as scene folders (:func:`read_scene_list`); each is scored by
+:func:`app.score.score_scene`. A batch is resumable (finished scenes are left alone) and can be
+split into shards for several machines (:func:`shard_of`, a stable hash of the scene name). A
+scene that fails is recorded and the batch goes on; the summary lists it at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.outputs import FORMAT_SUFFIX, OutputError
+from app.score import BLOCK_SIZE, RASTER_SUFFIXES, score_scene
+from data_prep.mosaic import SceneError
+from data_prep.report import Skipped
+
+if TYPE_CHECKING:
+    from app.predictor import Predictor
+
+#: Footprint file suffixes recognised in scene folders.
+FOOTPRINT_SUFFIXES = (".geojson", ".json", ".gpkg", ".shp", ".fgb")
+#: Summary of a batch (``summary-<i>-of-<n>.json`` for a shard).
+BATCH_SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class SceneJob:
+    """One scene of a batch: its name (the output file stem) and input files."""
+
+    name: str
+    pre: tuple[str, ...]
+    post: tuple[str, ...]
+    buildings: str
+
+
+def _split_paths(text: str, base: Path) -> tuple[str, ...]:
+    out = []
+    for part in (text or "").split(";"):
+        part = part.strip()
+        if part:
+            p = Path(part).expanduser()
+            out.append(str(p if p.is_absolute() else base / p))
+    return tuple(out)
+
+
+def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Skipped]]:
+    """The scenes of a batch from a CSV file or a folder of scene folders.
+
+    CSV: columns ``pre``, ``post``, ``buildings`` (several files separated by ``;``; relative
+    paths are resolved against the CSV's folder) and optionally ``name``. Without a name, a scene
+    is named after its footprint file's stem, or, when stems repeat, its path below the CSV's
+    folder (``folder/stem``) or else its last folder and stem.
+
+    Folder: every sub-folder is a scene named after it, holding ``pre/*.tif``, ``post/*.tif``
+    and exactly one footprint file (``.geojson``, ``.json``, ``.gpkg``, ``.shp`` or ``.fgb``).
+
+    Returns:
+        ``(scenes, problems)``: usable scene entries in input order, and entries that cannot be
+        used (a missing field, a folder without imagery or footprints, a repeated name) with the
+        reason.
+
+    Raises:
+        SceneError: the source does not exist, a CSV lacks a required column, or a folder holds
+            no scene folders.
+    """
+    from data_prep.store import safe_name
+
+    source = Path(source)
+    if not source.exists():
+        raise SceneError(source, "scene list not found (a CSV file or a folder of scene folders)")
+    problems: list[Skipped] = []
+    entries: list[tuple[str | None, SceneJob | None, str]] = []  # (name, job, item)
+    if source.is_dir():
+        folders = sorted(p for p in source.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not folders:
+            raise SceneError(
+                source,
+                "holds no scene folders; expected DIR/<scene>/pre/*.tif, DIR/<scene>/post/*.tif "
+                "and one footprint file in DIR/<scene>/",
+            )
+        for folder in folders:
+            pre = _rasters(folder / "pre")
+            post = _rasters(folder / "post")
+            prints = sorted(
+                p
+                for p in folder.iterdir()
+                if p.is_file() and p.suffix.lower() in FOOTPRINT_SUFFIXES
+            )
+            missing = [k for k, v in (("pre/*.tif", pre), ("post/*.tif", post)) if not v]
+            if missing:
+                problems.append(
+                    Skipped(str(folder), f"no {' or '.join(missing)} in the scene folder")
+                )
+                continue
+            if len(prints) != 1:
+                found = ", ".join(p.name for p in prints) or "none"
+                problems.append(
+                    Skipped(
+                        str(folder),
+                        f"needs exactly one footprint file ({', '.join(FOOTPRINT_SUFFIXES)}), "
+                        f"found {found}",
+                    )
+                )
+                continue
+            job = SceneJob(folder.name, pre, post, str(prints[0]))
+            entries.append((job.name, job, str(folder)))
+    else:
+        with open(source, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
+            need = [c for c in ("pre", "post", "buildings") if c not in header]
+            if need:
+                raise SceneError(
+                    source,
+                    f"missing column(s) {', '.join(need)}; a scene CSV needs pre, post, buildings "
+                    "(and optionally name); found: " + (", ".join(header) or "no header"),
+                )
+            rows = []
+            for line, row in enumerate(reader, start=2):
+                get = {k: (row.get(h) or "").strip() for k, h in header.items()}
+                if not any(get.values()):
+                    continue
+                item = f"{source} line {line}"
+                pre = _split_paths(get["pre"], source.parent)
+                post = _split_paths(get["post"], source.parent)
+                bld = _split_paths(get["buildings"], source.parent)
+                missing = [
+                    k for k, v in (("pre", pre), ("post", post), ("buildings", bld)) if not v
+                ]
+                if missing or len(bld) != 1:
+                    reason = (
+                        f"empty {', '.join(missing)}"
+                        if missing
+                        else "give exactly one footprint file in buildings"
+                    )
+                    problems.append(Skipped(item, reason))
+                    continue
+                rows.append((item, get.get("name", ""), pre, post, bld[0]))
+        stems = Counter(Path(r[4]).stem for r in rows)
+        for item, given, pre, post, bld in rows:
+            if given:
+                scene = given
+            elif stems[Path(bld).stem] == 1:
+                scene = Path(bld).stem
+            else:
+                try:
+                    rel = Path(bld).resolve().relative_to(source.parent.resolve())
+                except ValueError:
+                    rel = Path(*Path(bld).parts[-2:])
+                scene = str(rel.with_suffix(""))
+            entries.append((scene, SceneJob(scene, pre, post, bld), item))
+
+    jobs: list[SceneJob] = []
+    seen: dict[str, str] = {}
+    for scene, job, item in entries:
+        key = safe_name(scene).lower()
+        if key in seen:
+            problems.append(
+                Skipped(
+                    item,
+                    f"scene name {scene!r} gives the same output file as {seen[key]}; "
+                    "give each scene its own name (the CSV's name column)",
+                )
+            )
+            continue
+        seen[key] = item
+        jobs.append(job)
+    return jobs, problems
+
+
+def _rasters(folder: Path) -> tuple[str, ...]:
+    if not folder.is_dir():
+        return ()
+    return tuple(
+        str(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix.lower() in RASTER_SUFFIXES
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N) with 1 <= I <= N.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    try:
+        i_text, n_text = text.split("/")
+        i, n = int(i_text), int(n_text)
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 1/4 (shards 1 to N)") from None
+    if n < 1 or not 1 <= i <= n:
+        raise ValueError(f"--shard {text!r}: shards are numbered 1 to N, with N >= 1")
+    return i, n
+
+
+def shard_of(name: str, n: int) -> int:
+    """The shard (1..n) a scene belongs to: a stable hash of its name, the same on any machine."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % n + 1
+
+
+def scene_outputs(
+    out_dir: str | os.PathLike, name: str, fmt: str, raster: bool, overlay: bool
+) -> dict[str, Path]:
+    """Output paths of one scene of a batch: kind -> path."""
+    from data_prep.store import safe_name
+
+    out_dir, stem = Path(out_dir), safe_name(name)
+    paths = {"vector": out_dir / f"{stem}{FORMAT_SUFFIX[fmt]}"}
+    if raster:
+        paths["raster"] = out_dir / f"{stem}.tif"
+    if overlay:
+        paths["overlay"] = out_dir / f"{stem}.png"
+    return paths
+
+
+def _remove_stale_temporaries(paths: Iterable[Path]) -> None:
+    """Delete temporary files an interrupted run left for these outputs (``.<name>.*``)."""
+    for path in paths:
+        for tmp in path.parent.glob(f".{path.name}.*"):
+            tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class BatchReport:
+    """Outcome of a batch: one entry per scene, plus list problems."""
+
+    scenes: list[dict] = field(default_factory=list)
+    problems: list[Skipped] = field(default_factory=list)
+    shard: tuple[int, int] | None = None
+    seconds: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(1 for s in self.scenes if s["status"] == status)
+
+    @property
+    def succeeded(self) -> int:
+        return self.count("scored") + self.count("done")
+
+    def to_dict(self) -> dict:
+        buildings = sum(s.get("report", {}).get("buildings", 0) for s in self.scenes)
+        return {
+            "shard": None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}",
+            "scenes": self.scenes,
+            "problems": [{"item": s.item, "reason": s.reason} for s in self.problems],
+            "totals": {
+                "scenes": len(self.scenes),
+                "scored": self.count("scored"),
+                "done_before": self.count("done"),
+                "failed": self.count("failed"),
+                "problems": len(self.problems),
+                "buildings": buildings,
+                "seconds": round(self.seconds, 3),
+            },
+        }
+
+    def summary(self) -> str:
+        head = f"scenes: {len(self.scenes)}"
+        if self.shard:
+            head += f" in shard {self.shard[0]}/{self.shard[1]}"
+        lines = [
+            f"{head}; scored {self.count('scored')}, already done {self.count('done')}, "
+            f"failed {self.count('failed')} in {self.seconds:.1f} s"
+        ]
+        per_class: Counter = Counter()
+        for s in self.scenes:
+            per_class.update(s.get("report", {}).get("per_class", {}))
+        if per_class:
+            lines.append(
+                "buildings per class: " + ", ".join(f"{k} {v}" for k, v in per_class.items())
+            )
+        failed = [s for s in self.scenes if s["status"] == "failed"]
+        if failed or self.problems:
+            lines.append(f"problems ({len(failed) + len(self.problems)}):")
+            lines.extend(f"  - {p}" for p in self.problems)
+            lines.extend(f"  - scene {s['name']}: {s['error']}" for s in failed)
+        return "\n".join(lines)
+
+    def exit_code(self) -> int:
+        """0 when some scene succeeded (or there was nothing to do), 1 when none did."""
+        if self.succeeded or (not self.scenes and not self.problems):
+            return 0
+        return 1
+
+
+def summary_path(out_dir: str | os.PathLike, shard: tuple[int, int] | None) -> Path:
+    """``summary.json``, or ``summary-<i>-of-<n>.json`` for a shard (shards share a folder)."""
+    if shard is None:
+        return Path(out_dir) / BATCH_SUMMARY
+    return Path(out_dir) / f"summary-{shard[0]}-of-{shard[1]}.json"
+
+
+def score_batch(
+    predictor: Predictor,
+    scenes: Sequence[SceneJob],
+    out_dir: str | os.PathLike,
+    *,
+    fmt: str = "geojson",
+    raster: bool = False,
+    overlay: bool = False,
+    resume: bool = False,
+    shard: tuple[int, int] | None = None,
+    problems: Sequence[Skipped] = (),
+    batch_size: int = 32,
+    block_size: int = BLOCK_SIZE,
+    progress: bool = True,
+) -> BatchReport:
+    """Score many scenes with one loaded model, one set of outputs per scene.
+
+    A scene that fails is recorded and the batch goes on. With ``resume``, a scene whose outputs
+    all exist is left alone (outputs are renamed into place only when complete and the vector
+    file is written last, so an existing file is a finished one); temporary files an interrupted
+    run left behind are removed before a scene is scored again.
+
+    Args:
+        predictor: the loaded ONNX model.
+        scenes: scenes to score (from :func:`read_scene_list`).
+        out_dir: output folder (``<scene>.geojson``/``.gpkg``, ``.tif``, ``.png``).
+        fmt: ``"geojson"`` or ``"gpkg"``.
+        raster: also write each scene's class raster.
+        overlay: also write each scene's overlay PNG.
+        resume: skip scenes whose outputs exist.
+        shard: ``(i, n)``: score only the scenes with :func:`shard_of` ``== i``.
+        problems: scene-list entries that could not be used, carried into the summary.
+        batch_size: chips per inference batch.
+        block_size: side in grid pixels of the blocks whose buildings share one read.
+        progress: show progress bars over scenes and buildings.
+
+    Returns:
+        The batch report; it is also written to :func:`summary_path` and printed by the CLI.
+    """
+    from tqdm import tqdm
+
+    if fmt not in FORMAT_SUFFIX:
+        raise OutputError(f"unknown format {fmt!r}; use geojson or gpkg")
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mine = [s for s in scenes if shard is None or shard_of(s.name, shard[1]) == shard[0]]
+    report = BatchReport(problems=list(problems), shard=shard)
+    bar = tqdm(mine, desc="scenes", unit="scene", disable=None if progress else True)
+    for job in bar:
+        bar.set_postfix_str(job.name[:30])
+        paths = scene_outputs(out_dir, job.name, fmt, raster, overlay)
+        entry: dict = {
+            "name": job.name,
+            "outputs": {k: str(v) for k, v in paths.items()},
+        }
+        if resume and all(p.is_file() for p in paths.values()):
+            entry["status"] = "done"
+            report.scenes.append(entry)
+            continue
+        _remove_stale_temporaries(paths.values())
+        try:
+            result = score_scene(
+                predictor,
+                job.pre,
+                job.post,
+                job.buildings,
+                paths["vector"],
+                raster=paths.get("raster"),
+                overlay=paths.get("overlay"),
+                batch_size=batch_size,
+                block_size=block_size,
+                name=job.name,
+                progress=progress,
+            )
+        except (SceneError, OutputError, OSError) as exc:
+            entry.update(status="failed", error=str(exc))
+        except Exception as exc:  # a bad scene must not stop the batch
+            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            entry.update(status="scored", report=result.to_dict())
+        report.scenes.append(entry)
+    bar.close()
+    report.seconds = time.perf_counter() - start
+    from data_prep.store import write_json
+
+    write_json(summary_path(out_dir, shard), report.to_dict())
+    return report
