@@ -168,15 +168,19 @@ def _wait_for(pred, timeout: float) -> bool:
     while time.monotonic() < end:
         if pred():
             return True
-        time.sleep(0.05)
+        time.sleep(0.005)
     return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
-    """Kill a batch after its first scene: no partial outputs, resume finishes the rest."""
+    """Kill a batch after its first scene: no partial outputs, resume finishes the rest.
+
+    A synthetic scene scores in a few hundredths of a second on an idle machine, so the batch is
+    long enough (24 scenes) and the wait short enough that the signal lands mid-batch.
+    """
     scenes = tmp_path / "scenes"
-    names = [f"s{i}" for i in range(8)]
+    names = [f"s{i:02d}" for i in range(24)]
     for name in names:
         scene_folder(scenes, name, synthetic_scene)
     out = tmp_path / "out"
