@@ -14,7 +14,8 @@ HOLDOUT_FOLD := 1
 # Held-out figures stored in the default model's metadata (from `make default-model-heldout`).
 TEST_METRICS ?= $(DEFAULT)/heldout-local/eval/metrics.json
 
-.PHONY: install run demo test test-all lint format clean default-model default-model-heldout
+.PHONY: install run demo test test-all lint format clean default-chips default-model \
+	default-model-heldout
 
 install: $(VENV)/.installed
 
@@ -32,11 +33,14 @@ run: install
 demo: install
 	$(BIN)/local-damage demo --out work/demo
 
-## The default model, end to end: prepare, split, train on every tile, export int8 ONNX
-## (run `make default-model-heldout` first to store its held-out figures in the model).
-default-model: install
+## Chips of the xBD sample and the tile folds that hold out the default model's test tiles.
+default-chips: install
 	$(BIN)/local-damage prepare xbd --root $(XBD) --out $(DEFAULT)/chips --workers 2
 	$(BIN)/local-damage split $(DEFAULT)/chips --folds 5 --by tile --seed $(HOLDOUT_SEED)
+
+## The default model, end to end: prepare, split, train on every tile, export int8 ONNX
+## (run `make default-model-heldout` first to store its held-out figures in the model).
+default-model: default-chips
 	$(BIN)/local-damage train --config configs/default.yaml --chips $(DEFAULT)/chips \
 		--out $(DEFAULT)/run
 	$(BIN)/local-damage export --run $(DEFAULT)/run --out models/default.onnx \
@@ -45,9 +49,7 @@ default-model: install
 
 ## The model card's figures: LOCAL, SCL and L-SCL by the default recipe, trained without the
 ## held-out tiles and evaluated on them.
-default-model-heldout: install
-	$(BIN)/local-damage prepare xbd --root $(XBD) --out $(DEFAULT)/chips --workers 2
-	$(BIN)/local-damage split $(DEFAULT)/chips --folds 5 --by tile --seed $(HOLDOUT_SEED)
+default-model-heldout: default-chips
 	for method in local scl l-scl; do \
 		$(BIN)/local-damage train --config configs/default.yaml --chips $(DEFAULT)/chips \
 			--holdout $(HOLDOUT_FOLD) --set loss.method=$$method --out $(DEFAULT)/heldout-$$method \

@@ -72,9 +72,9 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
             prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent
         )
         os.close(fd)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
         yield Path(tmp)
-        # again: some writers (safetensors) replace the file and bring back 0600
+        # mkstemp makes 0600, and some writers (safetensors) replace the file with another 0600
+        # one; set the usual permissions on whatever the writer left
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
