@@ -1,9 +1,19 @@
-"""Evaluation metrics: per-building classification scores and representation-space geometry.
+"""Evaluation metrics: per-building classification scores, calibration of the class
+probabilities, and representation-space geometry.
 
 NumPy, SciPy and scikit-learn only (matplotlib inside the plot functions): no torch, so the
 ONNX-based evaluation path can use them.
 """
 
+from local_damage.metrics.calibration import (
+    ECE_BINS,
+    brier_score,
+    calibration_metrics,
+    expected_calibration_error,
+    negative_log_likelihood,
+    plot_reliability_diagram,
+    reliability_bins,
+)
 from local_damage.metrics.classification import (
     classification_metrics,
     harmonic_mean,
@@ -23,6 +33,13 @@ from local_damage.metrics.representation import (
 
 __all__ = [
     "CLASS_COLOURS",
+    "ECE_BINS",
+    "brier_score",
+    "calibration_metrics",
+    "expected_calibration_error",
+    "negative_log_likelihood",
+    "plot_reliability_diagram",
+    "reliability_bins",
     "class_alignment_consistency",
     "class_alignment_distance",
     "class_mean_gram",
