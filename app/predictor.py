@@ -5,6 +5,12 @@ A local-damage model file (written by ``local-damage export``) takes uint8 RGB c
 its metadata props (JSON text) carry the class names, the chip spec the chips must be cut with,
 the input size ``S`` and what the model card shows. :class:`Predictor` opens one such file, checks
 it, and scores chip pairs of any size.
+
+A model calibrated by ``local-damage calibrate`` (or ``export --calibrate-fold``) carries a
+temperature ``T`` in its ``calibration`` metadata prop (:mod:`app.calibration`); the predictor
+returns ``softmax(logits / T)`` as the probabilities, so every scoring path (``score``,
+``score-batch``, the web app, ``evaluate`` of an ONNX model) gives calibrated probabilities. The
+``logits`` it returns are always the graph's raw output.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ class Prediction(NamedTuple):
 
     Attributes:
         logits: ``[N, K]`` float32 class scores.
-        probabilities: ``[N, K]`` float32 softmax of the logits (rows sum to 1).
+        probabilities: ``[N, K]`` float32 ``softmax(logits / T)`` with the model's temperature
+            ``T`` (1 for an uncalibrated model); rows sum to 1.
         embedding: ``[N, D]`` float32 unit-norm joint embedding ``z``.
         change_map: ``[N, 1, S, S]`` float32 latent feature-correlation map (channel-averaged
             pre/post feature difference, Sec. 3.4 of the paper), only when asked for and the model
@@ -119,11 +126,14 @@ class Predictor:
         metadata: every metadata prop, parsed from JSON.
         has_change_map: whether the model also outputs ``change_map`` (exported with
             ``--change-map``).
+        temperature: the calibration temperature ``T`` the probabilities are computed with;
+            None for an uncalibrated model (``T = 1``).
         providers: the providers the session actually uses.
 
     Raises:
         ModelError: the file is missing, is not an ONNX model, lacks a required metadata prop,
-            or its inputs/outputs are not those of a local-damage model.
+            or its inputs/outputs are not those of a local-damage model, or its calibration
+            metadata holds no valid temperature.
     """
 
     def __init__(
@@ -215,6 +225,12 @@ class Predictor:
         self.has_change_map: bool = CHANGE_MAP in outputs
         d = outputs["embedding"].shape[-1] if outputs["embedding"].shape else None
         self.embedding_dim: int = d if isinstance(d, int) else int(md.get("embedding_dim") or 0)
+        from app.calibration import read_temperature
+
+        try:
+            self.temperature: float | None = read_temperature(md, self.path)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from exc
 
     def predict(
         self,
@@ -266,13 +282,21 @@ class Predictor:
                 maps.append(np.asarray(got[2], dtype=np.float32))
         lo = np.concatenate(logits)
         return Prediction(
-            lo, softmax(lo), np.concatenate(embedding), np.concatenate(maps) if maps else None
+            lo,
+            self.probabilities(lo),
+            np.concatenate(embedding),
+            np.concatenate(maps) if maps else None,
         )
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """Class probabilities of ``[N, K]`` raw logits: ``softmax(logits / T)``, float32."""
+        lo = np.asarray(logits, dtype=np.float32)
+        return softmax(lo if self.temperature is None else lo / np.float32(self.temperature))
 
     def card(self) -> dict[str, Any]:
         """What a model picker shows: name, classes, training data, validation and held-out test
-        metrics, licence,
-        chip spec, input size, precision, parity, and the providers in use."""
+        metrics, calibration, licence, chip spec, input size, precision, parity, and the
+        providers in use."""
         md = self.metadata
         config = md.get("config") or {}
         model_cfg = config.get("model", {}) if isinstance(config, dict) else {}
@@ -291,6 +315,7 @@ class Predictor:
             "training_data": md.get("training_data"),
             "validation_metrics": md.get("validation_metrics"),
             "test_metrics": md.get("test_metrics"),
+            "calibration": md.get("calibration"),
             "license": md.get("license"),
             "parity": md.get("parity"),
             "created_by": md.get("created_by"),
