@@ -716,7 +716,8 @@ class ModelCache:
 
 
 def card_markdown(predictor: Predictor) -> str:
-    """A model card as Markdown: classes, training data, validation and test metrics, licence."""
+    """A model card as Markdown: classes, training data, validation and test metrics,
+    calibration, licence."""
     card = predictor.card()
     lines = [
         f"**{card['name']}** ({card.get('encoder') or '?'}, {card.get('method') or '?'}, "
@@ -736,7 +737,27 @@ def card_markdown(predictor: Predictor) -> str:
             f"{_text(tested.get('accuracy'))}, macro-F1 {_text(tested.get('macro_f1'))}"
             + (", F1 " + ", ".join(f"{k} {_text(v)}" for k, v in f1.items()) if f1 else "")
         )
+    lines.append(f"- calibration: {_calibration_text(card.get('calibration'))}")
     return "\n".join(lines)
+
+
+def _calibration_text(block: Any) -> str:
+    if not isinstance(block, dict) or block.get("temperature") is None:
+        return "none: the probabilities are the plain softmax of the logits, likely over-confident"
+    fitted = block.get("fitted_on") or {}
+    where = fitted.get("selection") or (
+        f"fold {fitted['fold']} of {fitted.get('chips')}"
+        if fitted.get("fold") is not None
+        else _text(fitted.get("chips"))
+    )
+    text = (
+        f"calibrated by temperature scaling, T = {_text(float(block['temperature']))}, fitted on "
+        f"{fitted.get('n', '?')} buildings ({where})"
+    )
+    before, after = block.get("before"), block.get("after")
+    if isinstance(before, dict) and isinstance(after, dict) and "ece" in before and "ece" in after:
+        text += f"; ECE {_text(before['ece'])} before, {_text(after['ece'])} after, on those chips"
+    return text
 
 
 def _training_text(info: Any) -> str:

@@ -16,7 +16,7 @@ from local_damage import __version__
 def build_parser() -> argparse.ArgumentParser:
     from app import cli as app_cli
     from data_prep import cli as data_prep_cli
-    from local_damage import bench_infer, bench_train, cv, evaluate, export, geometry
+    from local_damage import bench_infer, bench_train, calibrate, cv, evaluate, export, geometry
     from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_parser(sub)
     cv.add_parser(sub)
     export.add_parser(sub)
+    calibrate.add_parser(sub)
 
     bench = sub.add_parser(
         "bench",

@@ -8,11 +8,18 @@ everything after that (metrics, representation geometry, figures, files) is shar
 
 Outputs in ``OUT/``::
 
-    metrics.json          classification metrics, a ``representation`` block and the ``source``
+    metrics.json          classification metrics, ``calibration`` and ``representation`` blocks
+                          and the ``source``
     predictions.csv       chip_id, label, pred, one probability column per class
     confusion_matrix.png
+    reliability.png       reliability diagram: accuracy per confidence bin, before and after
+                          calibration when the model has a temperature
     tsne_z.png            t-SNE of the joint embedding z (unless --no-tsne)
     tsne_e_post.png       t-SNE of the post-image embedding e_post (PyTorch path only)
+
+The calibration block holds the ECE (15 bins), NLL and Brier score of the softmax of the raw
+logits (``before``) and, for an ONNX model calibrated by ``local-damage calibrate``, of the
+probabilities with its temperature applied (``after``; :mod:`local_damage.metrics.calibration`).
 
 The representation block follows Sec. 3.1 of the paper: CAC, CAD, GPU and the class-mean Gram
 matrix on ``z`` of the unaugmented chips; SAA and SAD between that view and a second view made
@@ -37,6 +44,7 @@ if TYPE_CHECKING:
 
 METRICS_JSON = "metrics.json"
 PREDICTIONS_CSV = "predictions.csv"
+RELIABILITY_PNG = "reliability.png"
 
 
 class EvaluationError(ValueError):
@@ -54,8 +62,9 @@ class Scored:
     Attributes:
         chip_ids: the N chip ids, in the order scored.
         labels: int64 [N] true class ids.
-        logits: float32 [N, K] class scores.
-        probabilities: float32 [N, K] softmax of the logits.
+        logits: float32 [N, K] raw class scores.
+        probabilities: float32 [N, K] softmax of the logits, divided by the model's temperature
+            when it has one (:attr:`Scorer.temperature`).
         z: float32 [N, D] L2-normalised joint embedding of the unaugmented chips.
         e_post: float32 [N, D] L2-normalised post-image embedding, or None (ONNX models).
         z_view2: float32 [N, D] z of a second, augmented view of each chip, or None.
@@ -83,12 +92,15 @@ class Scorer:
         spec: the chip spec the model was trained with (None when unknown).
         class_names: the K class names, in label order.
         input_size: side of the model input in pixels.
+        temperature: the calibration temperature its probabilities are computed with; None when
+            uncalibrated.
     """
 
     source: dict[str, str]
     spec: ChipSpec | None
     class_names: tuple[str, ...]
     input_size: int
+    temperature: float | None = None
 
     def score(
         self,
@@ -251,6 +263,7 @@ class OnnxScorer(Scorer):
         self.spec = self.predictor.spec
         self.class_names = tuple(self.predictor.class_names)
         self.input_size = int(self.predictor.input_size)
+        self.temperature = self.predictor.temperature
 
     def _predict(self, batches: Iterator[tuple], batch_size: int):
         import numpy as np
@@ -429,16 +442,20 @@ def evaluate(
 
     Returns:
         The metrics dict also written to ``out/metrics.json``: the keys of
-        :func:`~local_damage.metrics.classification_metrics`, ``representation`` (see
+        :func:`~local_damage.metrics.classification_metrics`, ``calibration`` (see
+        :func:`local_damage.calibrate.calibration_report`), ``representation`` (see
         :func:`~local_damage.metrics.representation_metrics`, plus
         ``zero_embeddings_left_out``, see :func:`unit_rows`; None with fewer than 2 usable
         embeddings), ``source`` and ``views``.
     """
     from data_prep.store import write_json
+    from local_damage.calibrate import calibration_report
     from local_damage.metrics import (
+        ECE_BINS,
         classification_metrics,
         plot_confusion_matrix,
         plot_embedding_tsne,
+        plot_reliability_diagram,
         representation_metrics,
     )
 
@@ -454,6 +471,7 @@ def evaluate(
             f"{chips}: unlabelled chips cannot be evaluated; select labelled ones"
         )
     metrics = classification_metrics(scored.labels, scored.predictions, names)
+    metrics["calibration"], reliability = calibration_report(scored, scorer.temperature)
     z, valid = unit_rows(scored.z)
     z2 = None
     if views == 2 and scored.z_view2 is not None:
@@ -478,6 +496,11 @@ def evaluate(
         names,
         out / "confusion_matrix.png",
         title=f"{len(scored.labels)} buildings, accuracy {metrics['accuracy']:.3f}",
+    )
+    plot_reliability_diagram(
+        reliability,
+        out / RELIABILITY_PNG,
+        title=f"{where}\n{len(scored.labels)} buildings, {ECE_BINS} confidence bins",
     )
     if tsne:
         for key, emb, what in (
@@ -554,6 +577,20 @@ def format_summary(metrics: dict[str, Any]) -> str:
     )
     if metrics.get("absent_classes"):
         lines.append(f"absent (left out of macro-F1): {', '.join(metrics['absent_classes'])}")
+    cal = metrics.get("calibration")
+    if cal:
+        parts = []
+        for key, name in (("ece", "ECE"), ("nll", "NLL"), ("brier", "Brier")):
+            text = f"{name} {cal['before'][key]:.4f}"
+            if cal.get("after"):
+                text += f" -> {cal['after'][key]:.4f}"
+            parts.append(text)
+        head = (
+            f"calibration (T = {cal['temperature']:.4f}, before -> after)"
+            if cal.get("after")
+            else "calibration (no temperature)"
+        )
+        lines.append(f"{head}: {'  '.join(parts)}")
     rep = metrics.get("representation")
     if rep:
         shown = [
@@ -617,8 +654,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Evaluate a run folder (PyTorch) or an exported ONNX model on labelled chips and write "
             "OUT/metrics.json (accuracy, macro-F1, per-class scores, xView2 damage F1, confusion "
-            "matrix, representation metrics SAA/SAD/CAC/CAD/GPU), OUT/predictions.csv, "
-            "OUT/confusion_matrix.png and t-SNE plots of the embeddings."
+            "matrix, calibration ECE/NLL/Brier before and after the model's temperature, "
+            "representation metrics SAA/SAD/CAC/CAD/GPU), OUT/predictions.csv, "
+            "OUT/confusion_matrix.png, OUT/reliability.png and t-SNE plots of the embeddings."
         ),
     )
     model = p.add_mutually_exclusive_group(required=True)
@@ -710,17 +748,9 @@ def evaluate_chips(
     evaluating every chip of the store the run was trained on. Keyword arguments as
     :func:`evaluate`.
     """
-    from data_prep.store import read_meta
-
     chips = Path(chips)
     chip_ids, description, unlabelled = select_chips(chips, fold)
-    store_spec = read_meta(chips).get("spec")
-    if scorer.spec is not None and store_spec and _spec_from(store_spec) != scorer.spec:
-        print(
-            f"warning: {chips} was cut with chip spec {store_spec}, the model with "
-            f"{scorer.spec.to_dict()}: scores may not reflect the model",
-            file=sys.stderr,
-        )
+    warn_spec_mismatch(scorer, chips)
     summary = getattr(scorer, "summary", {})
     same_store = summary.get("chips") and Path(summary["chips"]).resolve() == chips.resolve()
     if fold is None and same_store and summary.get("fold") is not None:
@@ -736,3 +766,16 @@ def evaluate_chips(
         "unlabelled_left_out": unlabelled,
     }
     return evaluate(scorer, chips, chip_ids, out, source=source, progress=progress, **kwargs)
+
+
+def warn_spec_mismatch(scorer: Scorer, chips: str | Path) -> None:
+    """Warn on stderr when the store was cut with another chip spec than the model's."""
+    from data_prep.store import read_meta
+
+    store_spec = read_meta(chips).get("spec")
+    if scorer.spec is not None and store_spec and _spec_from(store_spec) != scorer.spec:
+        print(
+            f"warning: {chips} was cut with chip spec {store_spec}, the model with "
+            f"{scorer.spec.to_dict()}: scores may not reflect the model",
+            file=sys.stderr,
+        )

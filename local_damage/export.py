@@ -21,6 +21,10 @@ one, else the first chips of the store): ONNX Runtime fp32 logits must match PyT
 model is compared with the fp32 one: argmax agreement (target :data:`AGREEMENT_TARGET`) and the
 change of validation macro-F1. The report is stored in the model (``parity``) and beside it as
 ``NAME.parity.json``.
+
+With ``calibrate_fold`` (``--calibrate-fold K``) the written model is then calibrated by
+:func:`local_damage.calibrate.calibrate_model` on fold ``K`` of the same chip store: a
+temperature in the ``calibration`` metadata prop that the predictor applies to the probabilities.
 """
 
 from __future__ import annotations
@@ -136,7 +140,7 @@ def read_metadata(proto) -> dict[str, Any]:
     return out
 
 
-def _save_onnx(proto, path: Path) -> Path:
+def save_onnx(proto, path: Path) -> Path:
     """Check and write an ONNX model atomically."""
     import onnx
 
@@ -212,7 +216,7 @@ def export_onnx(
                 shape.dim[axis].dim_value = value
     proto.producer_name = "local-damage"
     set_metadata(proto, {**dict(metadata or {}), "outputs": list(names)})
-    return _save_onnx(proto, path)
+    return save_onnx(proto, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,7 +339,7 @@ def quantize_int8(
             )
         proto = onnx.load(str(out))
     set_metadata(proto, props, only=True)
-    return _save_onnx(proto, dst)
+    return save_onnx(proto, dst)
 
 
 def convert_fp16(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
@@ -352,7 +356,7 @@ def convert_fp16(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     with _quiet_quantizer():
         half = convert_float_to_float16(proto, keep_io_types=True)
     set_metadata(half, props, only=True)
-    return _save_onnx(half, Path(dst))
+    return save_onnx(half, Path(dst))
 
 
 # --------------------------------------------------------------------------------------------
@@ -671,6 +675,7 @@ def export_run(
     threads: int | None = None,
     change_map: bool = False,
     test_metrics: str | os.PathLike | None = None,
+    calibrate_fold: int | None = None,
 ) -> dict[str, Any]:
     """Export a run's best weights to ``out`` and check it; returns the parity report.
 
@@ -689,11 +694,14 @@ def export_run(
         test_metrics: a ``metrics.json`` of ``local-damage evaluate`` on held-out data, stored as
             the ``test_metrics`` metadata (for a model trained on everything, the figures of
             the same recipe trained without the held-out tiles; say so in its model card).
+        calibrate_fold: fit a temperature to the written model on this fold of the chip store
+            (the run's validation fold; see :mod:`local_damage.calibrate`).
 
     Returns:
         The parity report: ``chips`` (what was compared), ``fp32`` (max |logit| and |embedding|
         differences to PyTorch, argmax agreement, macro-F1), and ``int8`` or ``fp16`` (see
-        :func:`variant_report`), ``precision``, versions.
+        :func:`variant_report`), ``precision``, versions; with ``calibrate_fold``, also
+        ``calibration``, the block stored in the model (not part of ``NAME.parity.json``).
 
     Raises:
         ExportError: the run cannot be exported or ONNX Runtime fp32 logits differ from PyTorch
@@ -717,6 +725,10 @@ def export_run(
     info = load_run(run)
     tested = summarize_test_metrics(test_metrics) if test_metrics is not None else None
     store = _resolve_chips(info, chips)
+    if calibrate_fold is not None:  # a missing fold fails here, before any work
+        from local_damage.evaluate import select_chips
+
+        select_chips(store, calibrate_fold)
     meta = read_meta(store)
     spec_dict = info.summary.get("chip_spec") or meta.get("spec")
     if not spec_dict:
@@ -817,9 +829,16 @@ def export_run(
 
         proto = onnx.load(str(final))
         set_metadata(proto, {"parity": report})
-        _save_onnx(proto, out)
+        calibration = None
+        if calibrate_fold is None:
+            save_onnx(proto, out)
+        else:  # calibrated from a staged copy, so a failed fit leaves nothing behind
+            from local_damage.calibrate import calibrate_model
+
+            staged = save_onnx(proto, Path(tmp) / "staged.onnx")
+            calibration = calibrate_model(staged, store, out, fold=calibrate_fold)
     write_json(out.with_suffix(".parity.json"), report)
-    return report
+    return report if calibration is None else {**report, "calibration": calibration}
 
 
 def format_report(report: Mapping[str, Any], out: str | os.PathLike) -> str:
@@ -846,6 +865,10 @@ def format_report(report: Mapping[str, Any], out: str | os.PathLike) -> str:
             f"{_fmt(v['macro_f1'])} (change {_fmt(v['macro_f1_diff_vs_fp32'], sign=True)}); "
             f"{v['method']}"
         )
+    if report.get("calibration"):
+        from local_damage.calibrate import format_block
+
+        lines.append(format_block(report["calibration"]))
     return "\n".join(lines)
 
 
@@ -922,6 +945,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(shown by the web app's model card)",
     )
     p.add_argument(
+        "--calibrate-fold",
+        type=int,
+        metavar="K",
+        help="fit a temperature on fold K of the chip store (the run's validation fold) and store "
+        "it in the model, so its probabilities are calibrated (see `local-damage calibrate`)",
+    )
+    p.add_argument(
         "--weights",
         metavar="NAME.safetensors",
         help="also write the run's weights as fp16 safetensors, small enough to ship next to the "
@@ -969,6 +999,7 @@ def _run_cli(args: argparse.Namespace) -> int:
             int8_method=args.int8_method,
             change_map=args.change_map,
             test_metrics=args.test_metrics,
+            calibrate_fold=args.calibrate_fold,
         )
     except (ExportError, FileNotFoundError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
