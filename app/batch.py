@@ -314,6 +314,7 @@ def score_batch(
     batch_size: int = 32,
     block_size: int = BLOCK_SIZE,
     progress: bool = True,
+    max_pixels: int | None = None,
 ) -> BatchReport:
     """Score many scenes with one loaded model, one set of outputs per scene.
 
@@ -335,6 +336,8 @@ def score_batch(
         batch_size: chips per inference batch.
         block_size: side in grid pixels of the blocks whose buildings share one read.
         progress: show progress bars over scenes and buildings.
+        max_pixels: pixel limit per internal block and per read window (default
+            :func:`data_prep.quality.max_pixels`).
 
     Returns:
         The batch report; it is also written to :func:`summary_path` and printed by the CLI.
@@ -374,6 +377,7 @@ def score_batch(
                 block_size=block_size,
                 name=job.name,
                 progress=progress,
+                max_pixels=max_pixels,
             )
         except (SceneError, OutputError, OSError) as exc:
             entry.update(status="failed", error=str(exc))

@@ -7,6 +7,8 @@ import signal
 import sys
 from contextlib import contextmanager
 
+from data_prep.cli import max_pixels_argument, resolve_max_pixels
+
 #: Default chips per inference batch.
 BATCH_SIZE = 32
 #: Default side, in grid pixels, of the blocks whose buildings share one read.
@@ -42,6 +44,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         f"memory grows with its square, not with the scene (default {BLOCK_SIZE})",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    max_pixels_argument(parser)
 
 
 def _load_model(path: str | None):
@@ -79,6 +82,9 @@ def _run_score(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
     predictor = _load_model(args.model)
     if predictor is None:
         return 2
@@ -87,6 +93,7 @@ def _run_score(args: argparse.Namespace) -> int:
         "overlay": args.overlay,
         "batch_size": args.batch_size,
         "progress": not args.quiet,
+        "max_pixels": max_pixels,
     }
     try:
         if args.labels:
@@ -147,6 +154,9 @@ def _run_score_batch(args: argparse.Namespace) -> int:
     if not scenes and not problems:
         print(f"error: {args.scenes}: lists no scenes", file=sys.stderr)
         return 2
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
     predictor = _load_model(args.model)
     if predictor is None:
         return 2
@@ -164,6 +174,7 @@ def _run_score_batch(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             block_size=args.block_size,
             progress=not args.quiet,
+            max_pixels=max_pixels,
         )
     print(report.summary(), file=sys.stderr)
     print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
@@ -199,7 +210,15 @@ def _run_app(args: argparse.Namespace) -> int:
     from app.web import launch
 
     print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
-    launch(models_dir, args.model, host=args.host, port=args.port, auth=auth, work_dir=args.work)
+    launch(
+        models_dir,
+        args.model,
+        host=args.host,
+        port=args.port,
+        auth=auth,
+        work_dir=args.work,
+        max_pixels=args.max_pixels,
+    )
     return 0
 
 
@@ -346,6 +365,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="folder for each assessment's outputs and corrections (default: a temporary folder)",
     )
+    max_pixels_argument(web, default=12_000 * 12_000)  # app.web.MAX_PIXELS, without importing it
     web.set_defaults(func=_run_app)
 
     demo = sub.add_parser(

@@ -288,8 +288,6 @@ def mosaic_preview(mosaic, grid, width: int, height: int) -> np.ndarray:
     from rasterio.errors import RasterioError
     from rasterio.warp import reproject
 
-    from data_prep.mosaic import apply_stretch
-
     transform = grid.transform @ Affine.scale(grid.width / width, grid.height / height)
     rgb = np.zeros((height, width, 3), dtype=np.uint8)
     filled = np.zeros((height, width), dtype=bool)
@@ -310,9 +308,7 @@ def mosaic_preview(mosaic, grid, width: int, height: int) -> np.ndarray:
         except RasterioError:
             continue  # a tile that cannot be read leaves its area black in the preview
         valid = data[3] > 0
-        bands_rgb = data[:3]
-        if dtype != np.uint8 and tile.stretch is not None:
-            bands_rgb = apply_stretch(bands_rgb, tile.stretch, valid)
+        bands_rgb = data[:3]  # tiles are uint8 (non-uint8 files through their scaling's VRT)
         take = valid & ~filled
         if take.any():
             rgb[take] = np.moveaxis(bands_rgb, 0, -1)[take].astype(np.uint8)

@@ -16,8 +16,11 @@ Each input feature gives one output feature: its geometry and attributes (an inp
 whose name an output column takes is renamed ``input_<name>``), then ``damage`` (class name),
 ``damage_id`` (0-3), one ``p_<class>`` probability per class (``-`` becomes ``_``),
 ``confidence`` (the largest probability) and ``status``: ``scored``, ``not_covered`` (not
-entirely inside valid pre and post imagery) or ``skipped: <reason>``; the score columns are null
-for buildings that were not scored. Outputs are written under temporary names and renamed into
+entirely inside valid pre and post imagery) or ``skipped: <reason>`` (e.g. ``skipped: blank
+imagery (...)`` for a building whose chip is one flat value); the score columns are null for
+buildings that were not scored. Pixel values follow the radiometric rule of
+:mod:`data_prep.radiometry`, and every image or window is held to the pixel limit of
+:mod:`data_prep.quality` before it is decoded. Outputs are written under temporary names and renamed into
 place; the vector file is written last, so its presence means the scene is finished.
 """
 
@@ -335,6 +338,7 @@ def score_scene(
     block_size: int = BLOCK_SIZE,
     name: str | None = None,
     progress: bool = True,
+    max_pixels: int | None = None,
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
 
@@ -351,6 +355,8 @@ def score_scene(
             grows with its square, not with the scene.
         name: scene name (default: the footprint file's stem); the GeoPackage layer name.
         progress: show a progress bar over buildings.
+        max_pixels: pixel limit per internal block and per read window (default
+            :func:`data_prep.quality.max_pixels`).
 
     Returns:
         The report (per-class counts, not covered, skipped, outputs, time).
@@ -371,7 +377,7 @@ def score_scene(
     name = name or Path(buildings).stem
     class_names = tuple(predictor.class_names)
     report = ScoreReport(scene=name, class_names=class_names)
-    with bounded_gdal_cache(), open_scene(pre, post) as scene:
+    with bounded_gdal_cache(), open_scene(pre, post, max_pixels) as scene:
         footprints = load_footprints(buildings, scene.grid.crs)
         check_overlap(footprints, scene)
         table = _read_features(buildings)
@@ -542,6 +548,7 @@ def score_xbd(
     batch_size: int = 32,
     name: str | None = None,
     progress: bool = True,
+    max_pixels: int | None = None,
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
 
@@ -565,12 +572,15 @@ def score_xbd(
         batch_size: chips per inference batch.
         name: scene name (default: the label file's stem without ``_post_disaster``).
         progress: show a progress bar over buildings.
+        max_pixels: pixel limit per image, checked before decoding (default
+            :func:`data_prep.quality.max_pixels`).
 
     Returns:
         The report.
 
     Raises:
-        SceneError: an unreadable image or label file, images of different sizes, no building
+        SceneError: an unreadable, truncated, blank or too large image, an unreadable label
+            file, images of different sizes, no building
             in the label file, or a GeoJSON output for a label file without ``lng_lat``
             polygons and without georeferenced images.
         OutputError: an output path with an unusable suffix.
@@ -578,9 +588,10 @@ def score_xbd(
     from tqdm import tqdm
 
     from data_prep.imagery import ImageError
+    from data_prep.quality import blank_reason
     from data_prep.report import PrepareReport
     from data_prep.windows import chip_window, crop_boundless, resize_chip
-    from data_prep.xbd import parse_buildings, read_tile_image
+    from data_prep.xbd import parse_buildings, read_tile_pair
 
     start = time.perf_counter()
     fmt = check_outputs(out, raster, overlay)
@@ -598,17 +609,15 @@ def score_xbd(
     features, lonlat_wkt = _xbd_features(labels)
     if not features:
         raise SceneError(labels, "holds no building polygons in features.xy; nothing to score")
-    images = []
-    for path in (pre, post):
-        try:
-            images.append(read_tile_image(path))
-        except ImageError as exc:
-            text = str(exc)
-            prefix = f"{path}: "
-            raise SceneError(
-                path, text[len(prefix) :] if text.startswith(prefix) else text
-            ) from exc
-    pre_img, post_img = images
+    try:
+        pre_img, post_img = read_tile_pair(pre, post, max_pixels)
+    except ImageError as exc:
+        text, item = str(exc), pre
+        for path in (pre, post):
+            if text.startswith(f"{path}: "):
+                text, item = text[len(f"{path}: ") :], path
+                break
+        raise SceneError(item, text) from exc
     if pre_img.shape != post_img.shape:
         raise SceneError(
             post,
@@ -648,11 +657,14 @@ def score_xbd(
             scores.status[row] = NOT_COVERED
             continue
         window = chip_window(b.centroid, b.bbox, spec)
-        batcher.add(
-            row,
-            resize_chip(crop_boundless(pre_img, window), spec.chip_size),
-            resize_chip(crop_boundless(post_img, window), spec.chip_size),
-        )
+        pre_chip = resize_chip(crop_boundless(pre_img, window), spec.chip_size)
+        post_chip = resize_chip(crop_boundless(post_img, window), spec.chip_size)
+        blank = blank_reason(pre_chip, post_chip)
+        if blank:
+            scores.status[row] = f"{SKIPPED}: {blank}"
+            report.skipped.append(Skipped(item, blank))
+            continue
+        batcher.add(row, pre_chip, post_chip)
     batcher.flush()
     _report_counts(report, scores)
 

@@ -39,7 +39,9 @@ import numpy as np
 if TYPE_CHECKING:
     from app.predictor import Predictor
 
-#: Largest accepted image, in pixels (width x height); larger files are refused unread.
+#: Largest accepted image, in pixels (width x height); larger files are refused unread. The app's
+#: own default, below that of the command line; ``--max-pixels`` or ``LOCAL_DAMAGE_MAX_PIXELS``
+#: overrides it (:func:`app_max_pixels`).
 MAX_PIXELS = 12_000 * 12_000
 #: Largest accepted upload (Gradio refuses bigger files before they reach a handler).
 MAX_FILE_SIZE = "200mb"
@@ -68,19 +70,34 @@ class AppError(ValueError):
 # Input checks
 
 
-def check_image(path: str | os.PathLike, what: str = "image") -> tuple[int, int]:
+def app_max_pixels(value: int | None = None) -> int:
+    """The app's pixel limit: ``value``, else ``$LOCAL_DAMAGE_MAX_PIXELS``, else :data:`MAX_PIXELS`."""
+    from data_prep.quality import MAX_PIXELS_ENV, max_pixels
+
+    if value is None and not os.environ.get(MAX_PIXELS_ENV, "").strip():
+        return MAX_PIXELS
+    try:
+        return max_pixels(value)
+    except ValueError as exc:
+        raise AppError(str(exc)) from exc
+
+
+def check_image(
+    path: str | os.PathLike, what: str = "image", max_pixels: int | None = None
+) -> tuple[int, int]:
     """Check that a file is a readable image of acceptable size, reading only its header.
 
     Args:
         path: the uploaded file.
         what: how the message names it (e.g. ``"pre tile"``).
+        max_pixels: the pixel limit (default :func:`app_max_pixels`).
 
     Returns:
         ``(width, height)`` in pixels.
 
     Raises:
         AppError: missing file, unsupported suffix, not an image (or a corrupt one), or more
-            than :data:`MAX_PIXELS` pixels (a decompression bomb is refused before decoding).
+            than the pixel limit (a decompression bomb is refused before decoding).
     """
     import warnings
 
@@ -89,6 +106,7 @@ def check_image(path: str | os.PathLike, what: str = "image") -> tuple[int, int]
 
     path = Path(path)
     name = f"{what} {path.name}"
+    limit = app_max_pixels(max_pixels)
     if not path.is_file():
         raise AppError(f"{name}: file not found")
     if path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -103,9 +121,9 @@ def check_image(path: str | os.PathLike, what: str = "image") -> tuple[int, int]
                 width, height, count = ds.width, ds.height, ds.count
     except RasterioError as exc:
         raise AppError(f"{name}: not a readable image ({exc})") from exc
-    if width * height > MAX_PIXELS:
+    if width * height > limit:
         raise AppError(
-            f"{name}: {width}x{height} px is more than the {MAX_PIXELS:,} pixels this app "
+            f"{name}: {width}x{height} px is more than the {limit:,} pixels this app "
             "accepts; crop the tile or score it with `local-damage score`"
         )
     if count < 1:
@@ -260,6 +278,7 @@ def assess_tile(
     footprints: str | os.PathLike,
     out_dir: str | os.PathLike,
     batch_size: int = 32,
+    max_pixels: int | None = None,
 ) -> TileResult:
     """Grade every building of one pre/post tile pair; write overlay, vectors and CSV.
 
@@ -271,6 +290,7 @@ def assess_tile(
         footprints: xBD label JSON, GeoJSON or GeoPackage.
         out_dir: a new folder for this assessment's outputs (created).
         batch_size: chips per inference batch.
+        max_pixels: pixel limit per image (default :func:`app_max_pixels`).
 
     Returns:
         The :class:`TileResult`; ``out_dir/session.json`` records the inputs for
@@ -278,18 +298,21 @@ def assess_tile(
 
     Raises:
         AppError: unusable input (message names the file and the problem): not an image, too
-            many pixels, a corrupt file, pre and post of different sizes without georeferencing,
-            footprints that miss the image, an unreadable footprint file.
+            many pixels, a corrupt or truncated file, blank imagery (all zero, nodata or one fill
+            value), pre and post of different sizes without georeferencing, footprints that miss
+            the image, an unreadable footprint file.
     """
     from app.outputs import OutputError
     from app.score import score_scene, score_xbd
     from data_prep.imagery import ImageError
     from data_prep.mosaic import SceneError
+    from data_prep.quality import BLANK
 
     start = time.perf_counter()
     pre, post, footprints = Path(pre), Path(post), Path(footprints)
-    check_image(pre, "pre tile")
-    check_image(post, "post tile")
+    limit = app_max_pixels(max_pixels)
+    check_image(pre, "pre tile", limit)
+    check_image(post, "post tile", limit)
     mode = footprint_kind(footprints)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -310,6 +333,7 @@ def assess_tile(
                 batch_size=batch_size,
                 name=scene,
                 progress=False,
+                max_pixels=limit,
             )
             if report.buildings and report.not_covered == report.buildings:
                 raise AppError(
@@ -334,9 +358,17 @@ def assess_tile(
                 batch_size=batch_size,
                 name=scene,
                 progress=False,
+                max_pixels=limit,
             )
     except (SceneError, ImageError, OutputError) as exc:
         raise AppError(_short(str(exc))) from exc
+    blank = sum(s.reason.startswith(BLANK) for s in report.skipped)
+    if blank and not report.scored:
+        raise AppError(
+            f"pre tile {pre.name} / post tile {post.name}: {BLANK}: none of the "
+            f"{report.buildings} buildings has imagery to grade ({blank} lie on a flat, all-zero "
+            "or nodata area); check that the files hold the scene's pixels"
+        )
     class_names = tuple(predictor.class_names)
     rows = _table_rows(vector, class_names)
     csv_path = _write_csv(out_dir / f"{scene}.csv", rows)
@@ -420,7 +452,7 @@ def building_chips(
     spec = predictor.spec
     if info["mode"] == "xbd":
         from data_prep.report import PrepareReport
-        from data_prep.xbd import parse_buildings, read_tile_image
+        from data_prep.xbd import parse_buildings, read_tile_pair
 
         _, buildings = parse_buildings(
             Path(info["footprints"]), PrepareReport(), ignore_labels=True
@@ -430,8 +462,8 @@ def building_chips(
             raise AppError(f"building #{row} (uid {uid}) has no usable polygon")
         window = chip_window(match[0].centroid, match[0].bbox, spec)
         chips = [
-            resize_chip(crop_boundless(read_tile_image(info[k]), window), spec.chip_size)
-            for k in ("pre", "post")
+            resize_chip(crop_boundless(image, window), spec.chip_size)
+            for image in read_tile_pair(info["pre"], info["post"])
         ]
         return chips[0], chips[1]
     import shapely
@@ -592,16 +624,19 @@ class ChipResult:
 
 
 def read_chip_pair(
-    pre: str | os.PathLike, post: str | os.PathLike
+    pre: str | os.PathLike, post: str | os.PathLike, max_pixels: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Read a pre/post chip pair into uint8 ``[S, S, 3]`` arrays.
+    """Read a pre/post chip pair into uint8 ``[S, S, 3]`` arrays (one radiometric rule for both,
+    :func:`data_prep.imagery.read_rgb_pair`).
 
     Raises:
-        AppError: not an image, too large, not square, or pre and post of different sizes.
+        AppError: not an image, too large, truncated, not square, or pre and post of different
+            sizes.
     """
-    from data_prep.imagery import ImageError, read_rgb
+    from data_prep.imagery import ImageError, read_rgb_pair
 
-    sizes = [check_image(pre, "pre chip"), check_image(post, "post chip")]
+    limit = app_max_pixels(max_pixels)
+    sizes = [check_image(pre, "pre chip", limit), check_image(post, "post chip", limit)]
     if sizes[0] != sizes[1]:
         raise AppError(
             f"pre chip {Path(pre).name} is {sizes[0][0]}x{sizes[0][1]} px but post chip "
@@ -614,7 +649,8 @@ def read_chip_pair(
             "(cut by `local-damage prepare`); use tile mode for whole tiles"
         )
     try:
-        return read_rgb(pre), read_rgb(post)
+        pre_rgb, post_rgb, _ = read_rgb_pair(pre, post, limit)
+        return pre_rgb, post_rgb
     except ImageError as exc:
         raise AppError(_short(str(exc))) from exc
 
@@ -851,6 +887,7 @@ def build_app(
     models_dir: str | os.PathLike = "models",
     model: str | None = None,
     work_dir: str | os.PathLike | None = None,
+    max_pixels: int | None = None,
 ):
     """Build the Gradio Blocks app.
 
@@ -859,6 +896,7 @@ def build_app(
         model: a model file offered first and chosen by default (``--model``).
         work_dir: where each assessment gets its output folder (default: a new temporary
             folder).
+        max_pixels: pixel limit per uploaded image (default :func:`app_max_pixels`).
 
     Returns:
         ``(blocks, allowed_paths)``: the ``gr.Blocks`` and the folders it serves files from.
@@ -908,7 +946,12 @@ def build_app(
         try:
             predictor = models.get(model_path)
             result = assess_tile(
-                predictor, _path(pre), _path(post), _path(footprints), new_session()
+                predictor,
+                _path(pre),
+                _path(post),
+                _path(footprints),
+                new_session(),
+                max_pixels=max_pixels,
             )
         except AppError as exc:
             raise fail(exc) from exc
@@ -1099,11 +1142,12 @@ def launch(
     auth: tuple[str, str] | None = None,
     work_dir: str | os.PathLike | None = None,
     block: bool = True,
+    max_pixels: int | None = None,
 ):
     """Build and serve the app (no share link, upload limit, queue).
 
     Args:
-        models_dir, model, work_dir: see :func:`build_app`.
+        models_dir, model, work_dir, max_pixels: see :func:`build_app`.
         host: interface to bind (127.0.0.1: this machine only).
         port: TCP port.
         auth: optional ``(username, password)``.
@@ -1114,7 +1158,7 @@ def launch(
         The ``gr.Blocks`` (when ``block`` is False).
     """
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    demo, allowed = build_app(models_dir, model, work_dir)
+    demo, allowed = build_app(models_dir, model, work_dir, max_pixels)
     demo.launch(
         server_name=host,
         server_port=port,

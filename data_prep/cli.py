@@ -39,6 +39,40 @@ def _spec_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _pixel_count(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, got {text}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = None) -> None:
+    """Add ``--max-pixels`` (shared by `prepare`, `score`, `score-batch` and `app`)."""
+    from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV
+
+    parser.add_argument(
+        "--max-pixels",
+        type=_pixel_count,
+        metavar="N",
+        help="refuse, before decoding, any image, internal block or read window of more pixels "
+        f"(default: ${MAX_PIXELS_ENV}, else {default or MAX_PIXELS:_})",
+    )
+
+
+def resolve_max_pixels(args: argparse.Namespace) -> int | None:
+    """The pixel limit of a command, or None after printing why the environment's is unusable."""
+    from data_prep.quality import max_pixels
+
+    try:
+        return max_pixels(args.max_pixels)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 def _spec(args: argparse.Namespace):
     from data_prep.spec import ChipSpec
 
@@ -53,6 +87,9 @@ def _finish(report, strict: bool) -> int:
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
     from data_prep.xbd import XbdRootError, prepare_xbd
 
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
     try:
         report = prepare_xbd(
             args.root,
@@ -60,6 +97,7 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
             spec=_spec(args),
             workers=args.workers,
             include_unclassified=args.include_unclassified,
+            max_pixels=max_pixels,
         )
     except XbdRootError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -70,6 +108,9 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
 def _run_prepare_scene(args: argparse.Namespace) -> int:
     from data_prep.scene import prepare_scene
 
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
     report = prepare_scene(
         args.pre,
         args.post,
@@ -78,6 +119,7 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
         spec=_spec(args),
         label_field=args.label_field,
         event=args.event,
+        max_pixels=max_pixels,
     )
     return _finish(report, args.strict)
 
@@ -139,6 +181,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep un-classified buildings as unlabelled chips",
     )
+    max_pixels_argument(xbd)
     xbd.set_defaults(func=_run_prepare_xbd)
 
     scene = psub.add_parser(
@@ -170,6 +213,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     scene.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     _spec_arguments(scene)
+    max_pixels_argument(scene)
     scene.set_defaults(func=_run_prepare_scene)
 
     split = sub.add_parser(

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
+
+from data_prep import radiometry
+from data_prep.radiometry import Scaling
 
 
 class ImageError(ValueError):
@@ -12,45 +16,58 @@ class ImageError(ValueError):
 
 
 def to_uint8_rgb(
-    array: np.ndarray, path: str | os.PathLike, nodata: float | None = None
+    array: np.ndarray,
+    path: str | os.PathLike,
+    nodata: float | None = None,
+    scaling: Scaling | None = None,
 ) -> np.ndarray:
     """Convert a band-first [C, H, W] raster array into uint8 [H, W, 3].
 
     - 3 bands: used as R, G, B. 4 bands: the 4th is taken as alpha/NIR and dropped.
       Other band counts are refused.
-    - uint8 is used as is. Other integer or float types are scaled to 0-255 with a per-band
-      2nd-98th percentile stretch over valid pixels (the usual display stretch for 11/16-bit
-      satellite products); all-constant bands map to 0.
+    - Pixel values follow the radiometric rule of :mod:`data_prep.radiometry`: ``scaling`` when
+      given, else the rule chosen from this array alone (uint8 as is; x257 uint16 and [0, 1] or
+      [0, 255] floats exactly; otherwise a 2-98% stretch over its three bands). Nodata and
+      non-finite pixels become 0.
     """
     if array.ndim != 3:
         raise ImageError(f"{path}: expected a [bands, rows, cols] raster, got shape {array.shape}")
-    bands = array.shape[0]
-    if bands == 4:
-        array = array[:3]
-    elif bands != 3:
-        raise ImageError(
-            f"{path}: has {bands} band(s); an RGB image with 3 bands (or RGBA with 4) is required"
-        )
-    if array.dtype == np.uint8:
+    check_bands(array.shape[0], path)
+    array = array[:3]
+    if array.dtype == np.uint8 and (scaling is None or scaling.rule == radiometry.UINT8):
         return _interleave(array)
-    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
-        raise ImageError(f"{path}: unsupported pixel type {array.dtype}")
-    data = array.astype(np.float32)
-    out = np.zeros(data.shape, dtype=np.uint8)
-    for b in range(3):
-        band = data[b]
-        valid = np.isfinite(band)
-        if nodata is not None:
-            valid &= band != nodata
-        if not valid.any():
-            continue
-        lo, hi = np.percentile(band[valid], [2, 98])
-        if hi <= lo:
-            continue
-        scaled = np.clip((band - lo) / (hi - lo) * 255.0, 0, 255)
-        scaled[~valid] = 0
-        out[b] = scaled.astype(np.uint8)
-    return _interleave(out)
+    check_dtype(array.dtype, path)
+    valid = _valid(array, nodata)
+    if scaling is None:
+        values = array[:, valid]
+        scaling = radiometry.choose_scaling(array.dtype, None, values) or radiometry.joint_stretch(
+            [values]
+        )
+    return _interleave(scaling.apply(array, valid))
+
+
+def check_bands(count: int, path: str | os.PathLike) -> None:
+    """Refuse band counts other than 3 (RGB) or 4 (RGBA, or RGB plus NIR)."""
+    if count not in (3, 4):
+        raise ImageError(
+            f"{path}: has {count} band(s); an RGB image with 3 bands (or RGBA with 4) is required"
+        )
+
+
+def check_dtype(dtype, path: str | os.PathLike) -> None:
+    dtype = np.dtype(dtype)
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        raise ImageError(f"{path}: unsupported pixel type {dtype}")
+
+
+def _valid(array: np.ndarray, nodata: float | None) -> np.ndarray:
+    """bool [H, W]: pixels whose bands 1-3 are finite and not all equal to ``nodata``."""
+    valid = np.ones(array.shape[1:], dtype=bool)
+    if np.issubdtype(array.dtype, np.floating):
+        valid &= np.isfinite(array[:3]).all(axis=0)
+    if nodata is not None:
+        valid &= ~(array[:3] == nodata).all(axis=0)
+    return valid
 
 
 def _interleave(bands: np.ndarray) -> np.ndarray:
@@ -85,13 +102,39 @@ def check_png_complete(path: str | os.PathLike) -> None:
         )
 
 
-def read_rgb(path: str | os.PathLike) -> np.ndarray:
-    """Read a whole PNG/JPEG/GeoTIFF into uint8 [H, W, 3] with rasterio, decoding it once."""
+@dataclass
+class Decoded:
+    """One image decoded as stored: band-first bands 1-3, validity and what the rule needs."""
+
+    path: str
+    bands: np.ndarray
+    valid: np.ndarray
+    bits: int | None
+
+    def scaling(self) -> Scaling | None:
+        """Rules 1-4 of :mod:`data_prep.radiometry`, None when the joint stretch applies."""
+        if self.bands.dtype == np.uint8:
+            return radiometry.IDENTITY
+        return radiometry.choose_scaling(self.bands.dtype, self.bits, self.bands[:, self.valid])
+
+
+def decode(path: str | os.PathLike, max_pixels: int | None = None) -> Decoded:
+    """Decode a whole PNG/JPEG/GeoTIFF with rasterio after checking it can be used.
+
+    Guards, in this order, before any pixel is decoded: the file exists; a PNG has its IEND
+    chunk (:func:`check_png_complete`); the header's size is within the pixel limit
+    (:func:`data_prep.quality.max_pixels`); 3 or 4 bands of a numeric type. A decode error
+    (truncated or corrupt data) becomes an :class:`ImageError` naming the file.
+    """
     import warnings
 
     import rasterio
-    from rasterio.errors import NotGeoreferencedWarning, RasterioIOError
+    from rasterio.errors import NotGeoreferencedWarning, RasterioError
 
+    from data_prep.quality import max_pixels as pixel_limit
+    from data_prep.quality import pixel_limit_problem
+
+    limit = pixel_limit(max_pixels)
     if not os.path.exists(path):
         raise ImageError(f"{path}: file not found")
     check_png_complete(path)
@@ -99,10 +142,60 @@ def read_rgb(path: str | os.PathLike) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             with rasterio.open(path) as ds:
-                array = ds.read()
+                problem = pixel_limit_problem(ds.width, ds.height, limit)
+                if problem:
+                    raise ImageError(f"{path}: {problem}")
+                check_bands(ds.count, path)
+                check_dtype(ds.dtypes[0], path)
+                bands = ds.read([1, 2, 3])
                 nodata = ds.nodata
-    except RasterioIOError as exc:
+                bits = radiometry.declared_bits(ds)
+    except RasterioError as exc:
         raise ImageError(
             f"{path}: cannot be read as an image; corrupt, truncated or not an image file ({exc})"
         ) from exc
-    return to_uint8_rgb(array, path, nodata)
+    return Decoded(str(path), bands, _valid(bands, nodata), bits)
+
+
+def read_rgb(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
+    """Read a whole PNG/JPEG/GeoTIFF into uint8 [H, W, 3], decoding it once.
+
+    The radiometric rule is decided from this file alone; use :func:`read_rgb_pair` for a pre/post
+    pair, which shares one stretch between the dates when one is needed.
+    """
+    return read_rgb_pair(path, None, max_pixels)[0]
+
+
+def read_rgb_pair(
+    pre: str | os.PathLike, post: str | os.PathLike | None, max_pixels: int | None = None
+) -> tuple[np.ndarray, np.ndarray | None, dict[str, Scaling]]:
+    """Read a pre/post pair into uint8 [H, W, 3] arrays under one radiometric rule.
+
+    Each file gets rules 1-4 of :mod:`data_prep.radiometry` on its own; the files that need the
+    stretch (rule 5) share one, computed from both of them.
+
+    Returns:
+        ``(pre_rgb, post_rgb, scalings)``: ``post_rgb`` is None when ``post`` is; ``scalings``
+        maps each path to the :class:`~data_prep.radiometry.Scaling` it got.
+
+    Raises:
+        ImageError: naming the file, for anything :func:`decode` refuses.
+    """
+    images = [decode(p, max_pixels) for p in (pre, post) if p is not None]
+    scalings = [d.scaling() for d in images]
+    if any(s is None for s in scalings):
+        stretch = radiometry.joint_stretch(
+            [d.bands[:, d.valid] for d, s in zip(images, scalings, strict=True) if s is None]
+        )
+        scalings = [stretch if s is None else s for s in scalings]
+    rgb = [
+        _interleave(d.bands)
+        if s.rule == radiometry.UINT8
+        else _interleave(s.apply(d.bands, d.valid))
+        for d, s in zip(images, scalings, strict=True)
+    ]
+    return (
+        rgb[0],
+        rgb[1] if post is not None else None,
+        {d.path: s for d, s in zip(images, scalings, strict=True)},
+    )

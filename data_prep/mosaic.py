@@ -16,10 +16,15 @@ VRT read in internal blocks can differ far more at its block edges, which is why
 Where tiles overlap, the earlier tile in the given order wins. A pixel is valid where some tile has data there: inside the tile, not nodata, not masked, not
 zero alpha. Outside every tile the window is zero filled and invalid.
 
-Rasters that are not uint8 (11/16-bit or float products) are scaled to uint8 with a 2nd-98th
-percentile stretch per band, the same formula as :func:`data_prep.imagery.to_uint8_rgb`, but
-computed once per mosaic from decimated reads of its tiles (overviews when present), so every
-window of a scene is scaled alike and chips of neighbouring buildings are comparable.
+Rasters that are not uint8 (11/16-bit or float products) are mapped to uint8 by the radiometric
+rule of :mod:`data_prep.radiometry`, decided once per scene when it is opened (the stretch, where
+one is needed, over the pre and post tiles together) and applied to the source pixels through a
+VRT before any warping, so every window of a scene is scaled alike and a x257 or /255 copy of an
+8-bit tile reads exactly as the original.
+
+Guards: a tile whose internal blocks exceed the pixel limit (:func:`data_prep.quality.max_pixels`)
+is refused when opened, and so is a window larger than the limit; a large tile read in windows
+is not refused for its size.
 """
 
 from __future__ import annotations
@@ -31,17 +36,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from data_prep import radiometry
+from data_prep.radiometry import Scaling
 from data_prep.report import Skipped
 
 if TYPE_CHECKING:
     import shapely
     from affine import Affine
     from rasterio.crs import CRS
-
-#: Longest side, in pixels, of the decimated read used to compute a non-uint8 stretch.
-STRETCH_SAMPLE_PX = 512
-#: Most values per band and tile kept for the stretch percentiles.
-STRETCH_SAMPLE_VALUES = 65536
 
 
 class SceneError(ValueError):
@@ -152,18 +154,29 @@ class Tile:
         dataset: the open rasterio dataset.
         alpha: 1-based index of the source alpha band, 0 when it has none.
         footprint: the tile's extent as a polygon in the grid CRS (set by :func:`open_scene`).
-        stretch: [3, 2] (low, high) per band for non-uint8 tiles (set by :class:`Mosaic` for all
-            its tiles at once; computed from this tile alone when read outside a mosaic), None for
-            uint8.
-        sample: values of bands 1-3 drawn when opening a non-uint8 tile, for the stretch.
+        scaling: how its pixel values map to uint8 (:mod:`data_prep.radiometry`); None while a
+            non-uint8 tile waits for the scene's joint stretch.
+        sample: valid values of bands 1-3 drawn when opening a non-uint8 tile, for the stretch.
+        source: the file's own dataset once ``dataset`` is the uint8 VRT over it, else None.
     """
 
     path: str
     dataset: object
     alpha: int = 0
     footprint: shapely.Geometry | None = None
-    stretch: np.ndarray | None = None
-    sample: list[np.ndarray] | None = None
+    scaling: Scaling | None = None
+    sample: np.ndarray | None = None
+    source: object | None = None
+
+    def use_scaling(self, scaling: Scaling) -> None:
+        """Show the tile as uint8 through ``scaling`` (a VRT over the file; uint8 tiles as is)."""
+        import rasterio
+
+        self.scaling = scaling
+        if scaling.rule == radiometry.UINT8 or self.source is not None:
+            return
+        xml, alpha = radiometry.scaled_vrt(self.dataset, scaling, self.alpha)
+        self.source, self.dataset, self.alpha = self.dataset, rasterio.open(xml), alpha
 
     @property
     def crs(self):
@@ -189,10 +202,9 @@ class Tile:
         from rasterio.enums import Resampling
         from rasterio.warp import reproject
 
-        dtype = np.dtype(self.dataset.dtypes[0])
-        if dtype != np.uint8 and self.stretch is None:
-            self.stretch = mosaic_stretch([self])
-        data = np.zeros((4, height, width), dtype=dtype)
+        if self.dataset.dtypes[0] != "uint8":  # read outside a scene: the rule from this tile
+            self.use_scaling(self.scaling or radiometry.joint_stretch([self.sample]))
+        data = np.zeros((4, height, width), dtype=np.uint8)
         reproject(
             rasterio.band(self.dataset, [1, 2, 3, self.alpha] if self.alpha else [1, 2, 3]),
             data,
@@ -203,43 +215,22 @@ class Tile:
             dst_alpha=4,
         )
         valid = data[3] > 0
-        rgb = data[:3]
-        if dtype != np.uint8:
-            rgb = apply_stretch(rgb, self.stretch, valid)
-        return np.ascontiguousarray(np.moveaxis(rgb, 0, -1)), valid
+        return np.ascontiguousarray(np.moveaxis(data[:3], 0, -1)), valid
 
     def close(self) -> None:
         self.dataset.close()
+        if self.source is not None:
+            self.source.close()
 
 
-def apply_stretch(
-    bands: np.ndarray, stretch: np.ndarray, valid: np.ndarray | None = None
-) -> np.ndarray:
-    """Scale [3, H, W] values to uint8 with per-band (low, high): ``(v - low) / (high - low) * 255``.
-
-    Bands whose high <= low map to 0, as do pixels outside ``valid`` and non-finite values.
-    """
-    out = np.zeros(bands.shape, dtype=np.uint8)
-    for b in range(3):
-        lo, hi = float(stretch[b, 0]), float(stretch[b, 1])
-        if not hi > lo:
-            continue
-        band = bands[b].astype(np.float32)
-        scaled = np.clip((band - lo) / (hi - lo) * 255.0, 0, 255)
-        scaled[~np.isfinite(scaled)] = 0
-        out[b] = scaled.astype(np.uint8)
-    if valid is not None:
-        out[:, ~valid] = 0
-    return out
-
-
-def open_tile(path: str | os.PathLike) -> Tile:
+def open_tile(path: str | os.PathLike, max_pixels: int | None = None) -> Tile:
     """Open one GeoTIFF for a scene, refusing what cannot be mosaicked.
 
     Raises:
-        SceneError: naming the file, when it is missing, unreadable or corrupt, has no CRS or
-            geotransform, has other than 3 bands (or 4: RGBA, or RGB plus NIR which is ignored), or
-            has a pixel type that cannot be scaled to uint8.
+        SceneError: naming the file, when it is missing, unreadable, corrupt or truncated, has no
+            CRS or geotransform, has other than 3 bands (or 4: RGBA, or RGB plus NIR which is
+            ignored), has a pixel type that cannot be scaled to uint8, or internal blocks larger
+            than the pixel limit.
     """
     import warnings
 
@@ -247,9 +238,18 @@ def open_tile(path: str | os.PathLike) -> Tile:
     from rasterio.enums import ColorInterp
     from rasterio.errors import NotGeoreferencedWarning, RasterioError
 
+    from data_prep.imagery import ImageError, check_png_complete
+    from data_prep.quality import max_pixels as pixel_limit
+    from data_prep.quality import pixel_limit_problem
+
     path = str(path)
+    limit = pixel_limit(max_pixels)
     if not os.path.exists(path):
         raise SceneError(path, "file not found")
+    try:
+        check_png_complete(path)
+    except ImageError as exc:
+        raise SceneError(path, str(exc)[len(f"{path}: ") :]) from exc
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
@@ -285,10 +285,23 @@ def open_tile(path: str | os.PathLike) -> Tile:
         dtype = np.dtype(ds.dtypes[0])
         if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
             raise SceneError(path, f"unsupported pixel type {dtype}")
+        block_h, block_w = ds.block_shapes[0]
+        problem = pixel_limit_problem(block_w, block_h, limit, "an internal block")
+        if problem:
+            raise SceneError(
+                path,
+                f"{problem}; a scene is read in windows, so retile the file "
+                "(e.g. `gdal_translate -co TILED=YES`)",
+            )
         # A small decimated read reaches blocks across the file: truncated or corrupt data fails
         # here rather than half way through a run.
         ds.read(1, out_shape=(min(ds.height, 64), min(ds.width, 64)))
-        sample = None if dtype == np.uint8 else stretch_sample(ds, alpha)
+        scaling, sample = radiometry.IDENTITY, None
+        if dtype != np.uint8:
+            sample = radiometry.sample_values(ds, alpha)
+            scaling = radiometry.choose_scaling(
+                dtype, radiometry.declared_bits(ds), sample, radiometry.probe_values(ds, alpha)
+            )
     except RasterioError as exc:
         ds.close()
         raise SceneError(
@@ -297,46 +310,7 @@ def open_tile(path: str | os.PathLike) -> Tile:
     except BaseException:
         ds.close()
         raise
-    return Tile(path=path, dataset=ds, alpha=alpha, sample=sample)
-
-
-def stretch_sample(dataset, alpha: int = 0) -> list[np.ndarray]:
-    """Valid values of bands 1-3 from a decimated read (overviews when present), at most
-    ``STRETCH_SAMPLE_VALUES`` per band, for computing a percentile stretch."""
-    scale = max(1.0, max(dataset.width, dataset.height) / float(STRETCH_SAMPLE_PX))
-    shape = (3, max(1, round(dataset.height / scale)), max(1, round(dataset.width / scale)))
-    data = dataset.read([1, 2, 3], out_shape=shape, masked=True)
-    mask = np.ma.getmaskarray(data)
-    if alpha:
-        mask = mask | (dataset.read(alpha, out_shape=shape[1:]) == 0)[None]
-    values = np.asarray(data.data, dtype=np.float64)
-    sample = []
-    for b in range(3):
-        band = values[b][~mask[b]]
-        band = band[np.isfinite(band)]
-        step = max(1, band.size // STRETCH_SAMPLE_VALUES)
-        sample.append(band[::step])
-    return sample
-
-
-def mosaic_stretch(tiles: list[Tile]) -> np.ndarray | None:
-    """One [3, 2] (2nd, 98th percentile) stretch over the non-uint8 tiles; None if all are uint8."""
-    samples: list[list[np.ndarray]] = [[], [], []]
-    for tile in tiles:
-        if tile.dataset.dtypes[0] == "uint8":
-            continue
-        if tile.sample is None:
-            tile.sample = stretch_sample(tile.dataset, tile.alpha)
-        for b in range(3):
-            samples[b].append(tile.sample[b])
-    if not samples[0]:
-        return None
-    stretch = np.zeros((3, 2), dtype=np.float64)
-    for b in range(3):
-        pooled = np.concatenate(samples[b])
-        if pooled.size:
-            stretch[b] = np.percentile(pooled, [2, 98])
-    return stretch
+    return Tile(path=path, dataset=ds, alpha=alpha, scaling=scaling, sample=sample)
 
 
 class Mosaic:
@@ -350,9 +324,12 @@ class Mosaic:
         skipped: tiles dropped after a read failure, with the reason.
     """
 
-    def __init__(self, name: str, tiles: list[Tile], grid: Grid):
+    def __init__(self, name: str, tiles: list[Tile], grid: Grid, max_pixels: int | None = None):
         import shapely
 
+        from data_prep.quality import max_pixels as pixel_limit
+
+        self.max_pixels = pixel_limit(max_pixels)
         self.name = name
         self.grid = grid
         self.tiles = list(tiles)
@@ -375,12 +352,6 @@ class Mosaic:
             merged = shapely.segmentize(merged, max(maxx - minx, maxy - miny) / 256.0)
             parts.append(reproject_geometries(np.array([merged], dtype=object), crs, grid.crs)[0])
         self.coverage = shapely.make_valid(shapely.union_all(parts)) if parts else shapely.Polygon()
-        for tile in self.tiles:
-            tile.stretch = None
-        stretch = mosaic_stretch(self.tiles)
-        for tile in self.tiles:
-            if tile.dataset.dtypes[0] != "uint8":
-                tile.stretch = stretch
 
     @property
     def paths(self) -> list[str]:
@@ -398,9 +369,18 @@ class Mosaic:
         Returns:
             ``(rgb, valid)``: uint8 [height, width, 3], zero where no tile has data, and bool
             [height, width].
+
+        Raises:
+            SceneError: a window of more pixels than the mosaic's pixel limit.
         """
         import shapely
         from rasterio.errors import RasterioError
+
+        from data_prep.quality import pixel_limit_problem
+
+        problem = pixel_limit_problem(width, height, self.max_pixels, "a read window")
+        if problem:
+            raise SceneError(f"{self.name} imagery ({', '.join(self.paths)})", problem)
 
         transform = self.grid.window_transform(col_off, row_off)
         x0, y1 = transform.c, transform.f
@@ -465,6 +445,14 @@ class Scene:
         pre_rgb, pre_valid = self.pre.read(col_off, row_off, width, height)
         post_rgb, post_valid = self.post.read(col_off, row_off, width, height)
         return pre_rgb, pre_valid, post_rgb, post_valid
+
+    @property
+    def max_pixels(self) -> int:
+        return self.pre.max_pixels
+
+    def radiometry(self) -> dict[str, str]:
+        """How each tile's pixel values map to uint8 (file -> rule), for reports and metadata."""
+        return {t.path: t.scaling.describe() for t in [*self.pre.tiles, *self.post.tiles]}
 
     def all_skipped(self) -> list[Skipped]:
         """Tiles refused when opening plus tiles dropped after a read failure."""
@@ -535,24 +523,28 @@ def pre_grid(tiles: list[Tile]) -> Grid:
     )
 
 
-def _open_tiles(paths, skipped: list[Skipped]) -> list[Tile]:
+def _open_tiles(paths, skipped: list[Skipped], max_pixels: int | None) -> list[Tile]:
     tiles = []
     for path in paths:
         try:
-            tiles.append(open_tile(path))
+            tiles.append(open_tile(path, max_pixels))
         except SceneError as exc:
             skipped.append(Skipped(exc.item, exc.reason))
     return tiles
 
 
-def open_scene(pre_paths, post_paths) -> Scene:
+def open_scene(pre_paths, post_paths, max_pixels: int | None = None) -> Scene:
     """Open pre and post tiles as two virtual mosaics on the pre grid.
 
-    Tiles that cannot be used are left out and listed in ``Scene.skipped``.
+    Tiles that cannot be used are left out and listed in ``Scene.skipped``. Non-uint8 tiles are
+    scaled by the radiometric rule (:func:`data_prep.radiometry.scene_scalings`, pre and post
+    together).
 
     Args:
         pre_paths: pre-disaster GeoTIFF tiles, in order of precedence where they overlap.
         post_paths: post-disaster GeoTIFF tiles, likewise.
+        max_pixels: pixel limit per internal block and per read window (default
+            :func:`data_prep.quality.max_pixels`).
 
     Returns:
         An open :class:`Scene`.
@@ -560,9 +552,12 @@ def open_scene(pre_paths, post_paths) -> Scene:
     Raises:
         SceneError: when no pre or no post tile is usable, or pre and post do not overlap.
     """
+    from data_prep.quality import max_pixels as pixel_limit
+
+    max_pixels = pixel_limit(max_pixels)
     skipped: list[Skipped] = []
-    pre_tiles = _open_tiles(pre_paths, skipped)
-    post_tiles = _open_tiles(post_paths, skipped)
+    pre_tiles = _open_tiles(pre_paths, skipped, max_pixels)
+    post_tiles = _open_tiles(post_paths, skipped, max_pixels)
     try:
         for name, paths, tiles in (("pre", pre_paths, pre_tiles), ("post", post_paths, post_tiles)):
             if not tiles:
@@ -571,9 +566,10 @@ def open_scene(pre_paths, post_paths) -> Scene:
                     f"{name} imagery",
                     f"none of the {len(paths)} {name} tile(s) can be used ({problems})",
                 )
+        radiometry.scene_scalings([*pre_tiles, *post_tiles])
         grid = pre_grid(pre_tiles)
-        pre = Mosaic("pre", pre_tiles, grid)
-        post = Mosaic("post", post_tiles, grid)
+        pre = Mosaic("pre", pre_tiles, grid, max_pixels)
+        post = Mosaic("post", post_tiles, grid, max_pixels)
     except BaseException:
         for tile in [*pre_tiles, *post_tiles]:
             tile.close()

@@ -7,7 +7,9 @@ read of pre and post, so memory stays bounded by the block and the whole scene i
 
 A building is chipped only when its footprint lies entirely inside valid data of both mosaics
 (inside the tiles, and every footprint pixel free of nodata, masks and zero alpha); otherwise it
-counts as not covered. Chips follow the chip spec exactly as for xBD: the window from
+counts as not covered. A building whose pre or post chip is blank (one flat value: an all-zero
+or constant-fill raster, :func:`data_prep.quality.is_blank`) is skipped with the reason
+``blank imagery``, and so is one whose read window exceeds the pixel limit. Chips follow the chip spec exactly as for xBD: the window from
 :func:`data_prep.windows.chip_window` in pre-grid pixels, zero fill beyond the imagery, resampled
 with :func:`data_prep.windows.resize_chip`.
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from data_prep.footprints import Footprints, load_footprints
 from data_prep.mosaic import Scene, SceneError, open_scene
+from data_prep.quality import blank_reason, pixel_limit_problem
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import start_store, write_manifest, write_shard
@@ -54,7 +57,7 @@ class BuildingChip:
         uid: building id.
         label: class id 0-3, -1 when unlabelled.
         status: ``"chip"``, ``"not_covered"`` (not entirely inside valid pre and post data) or
-            ``"skipped"`` (see ``reason``).
+            ``"skipped"`` (see ``reason``: e.g. a blank chip, ``blank imagery (...)``).
         reason: why the building was skipped, empty otherwise.
         bbox: (minx, miny, maxx, maxy) footprint bounds in pre-grid pixels.
         window: the chip window in pre-grid pixels.
@@ -153,16 +156,21 @@ def iter_building_chips(
             key_r, key_c = int(cy[i] // block_size), int(cx[i] // block_size)
             blocks.setdefault((key_r, key_c, i if size > block_size // 2 else -1), []).append(i)
 
+        groups: list[list[int]] = []
         for key in sorted(blocks):
             members = blocks[key]
-            c0 = min(min(windows[i].col_off, math.floor(bounds[i, 0])) for i in members)
-            r0 = min(min(windows[i].row_off, math.floor(bounds[i, 1])) for i in members)
-            c1 = max(
-                max(windows[i].col_off + windows[i].size, math.ceil(bounds[i, 2])) for i in members
-            )
-            r1 = max(
-                max(windows[i].row_off + windows[i].size, math.ceil(bounds[i, 3])) for i in members
-            )
+            if len(members) > 1 and _block_too_large(members, windows, bounds, scene.max_pixels):
+                groups.extend([i] for i in members)  # read each building on its own
+            else:
+                groups.append(members)
+        for members in groups:
+            c0, r0, c1, r1 = _block_extent(members, windows, bounds)
+            problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
+            if problem:
+                for i in members:
+                    bar.update(1)
+                    yield building(i, SKIPPED, problem)
+                continue
             pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
             both = pre_valid & post_valid
             for i in members:
@@ -174,7 +182,24 @@ def iter_building_chips(
                 local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
                 pre = resize_chip(crop_boundless(pre_rgb, local), spec.chip_size)
                 post = resize_chip(crop_boundless(post_rgb, local), spec.chip_size)
+                blank = blank_reason(pre, post)
+                if blank:
+                    yield building(i, SKIPPED, blank)
+                    continue
                 yield building(i, CHIP, pre=pre, post=post)
+
+
+def _block_extent(members, windows, bounds) -> tuple[int, int, int, int]:
+    c0 = min(min(windows[i].col_off, math.floor(bounds[i, 0])) for i in members)
+    r0 = min(min(windows[i].row_off, math.floor(bounds[i, 1])) for i in members)
+    c1 = max(max(windows[i].col_off + windows[i].size, math.ceil(bounds[i, 2])) for i in members)
+    r1 = max(max(windows[i].row_off + windows[i].size, math.ceil(bounds[i, 3])) for i in members)
+    return c0, r0, c1, r1
+
+
+def _block_too_large(members, windows, bounds, limit: int) -> bool:
+    c0, r0, c1, r1 = _block_extent(members, windows, bounds)
+    return (c1 - c0) * (r1 - r0) > limit
 
 
 def footprint_valid(pixel_geometry, valid: np.ndarray, col_off: int, row_off: int) -> bool:
@@ -251,6 +276,8 @@ class _ShardWriter:
         self.count = 0
 
     def add(self, row: dict, pre: np.ndarray, post: np.ndarray) -> None:
+        if not self.count and not self.pre:
+            start_store(self.root)  # the store is touched only once there is a chip to write
         row["index"] = len(self.pre)
         self.pending.append(row)
         self.pre.append(pre)
@@ -282,13 +309,15 @@ def prepare_scene(
     block_size: int = BLOCK_SIZE,
     shard_size: int = SHARD_SIZE,
     progress: bool = True,
+    max_pixels: int | None = None,
 ) -> PrepareReport:
     """Cut the chip pairs of every building of a scene into the chip store ``out``.
 
     Unusable tiles and buildings are skipped and listed in the report. A problem that leaves
     nothing to do (no usable pre or post tile, an unreadable or empty footprint file, an unknown
     label field, footprints outside the imagery) is recorded in the report too, with no chips and
-    the existing store left untouched, so the exit code says the run failed.
+    the existing store left untouched, so the exit code says the run failed; so is a run that
+    cuts no chip at all (every building blank, not covered or skipped).
 
     Args:
         pre_paths: pre-disaster GeoTIFF tiles (any CRS and resolution).
@@ -301,6 +330,8 @@ def prepare_scene(
         block_size: side in grid pixels of the squares whose buildings share one read.
         shard_size: most chips per shard file.
         progress: show a progress bar over buildings.
+        max_pixels: pixel limit per internal block and per read window (default
+            :func:`data_prep.quality.max_pixels`); a large tile read in windows is not refused.
 
     Returns:
         The report: chips per class, buildings not covered, items skipped with the reason.
@@ -312,7 +343,7 @@ def prepare_scene(
     name = (event or Path(buildings).stem).strip() or "scene"
     out = Path(out)
     try:
-        scene = open_scene(pre_paths, post_paths)
+        scene = open_scene(pre_paths, post_paths, max_pixels)
     except SceneError as exc:
         report.skip(exc.item, exc.reason)
         return report
@@ -326,7 +357,6 @@ def prepare_scene(
             return report
         report.skipped.extend(footprints.skipped)
 
-        start_store(out)
         writer = _ShardWriter(out, name, shard_size)
         rows: list[tuple[int, dict]] = []
         for b in iter_building_chips(
@@ -370,9 +400,11 @@ def prepare_scene(
                 "label_field": label_field,
                 "event": name,
             },
+            "radiometry": scene.radiometry(),
             "crs": scene.grid.crs.to_string(),
             "grid": scene.grid.to_dict(),
             "report": report.to_dict(),
         }
-        write_manifest(out, [row for _, row in sorted(rows, key=lambda r: r[0])], meta)
+        if rows:  # no chip (all blank, not covered or skipped): the store is left untouched
+            write_manifest(out, [row for _, row in sorted(rows, key=lambda r: r[0])], meta)
     return report

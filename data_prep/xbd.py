@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.imagery import ImageError, read_rgb
+from data_prep import quality
+from data_prep.imagery import ImageError, read_rgb, read_rgb_pair
+from data_prep.quality import BLANK, blank_reason
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, UNCLASSIFIED, UNLABELLED, ChipSpec, parse_label
 from data_prep.store import start_store, write_manifest, write_shard
@@ -297,13 +299,32 @@ def parse_buildings(
     return event, buildings
 
 
-def read_tile_image(path: str | os.PathLike) -> np.ndarray:
+def read_tile_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
     """Decode one tile image into uint8 [H, W, 3] (the reader used by `prepare xbd` and its bench).
 
     rasterio/GDAL decodes xBD PNGs faster than OpenCV or PIL (see docs/benchmarks.md) and also
     reads GeoTIFFs, so it is used for every format.
     """
-    return read_rgb(path)
+    return read_rgb(path, max_pixels)
+
+
+def read_tile_pair(
+    pre: str | os.PathLike, post: str | os.PathLike, max_pixels: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode a tile's pre and post images into uint8 [H, W, 3] under one radiometric rule
+    (:func:`data_prep.imagery.read_rgb_pair`), refusing a blank image (every pixel one value).
+
+    Raises:
+        ImageError: naming the file at fault.
+    """
+    pre_rgb, post_rgb, _ = read_rgb_pair(pre, post, max_pixels)
+    for path, image in ((pre, pre_rgb), (post, post_rgb)):
+        if image.size and image.min() == image.max():
+            raise ImageError(
+                f"{path}: {BLANK}: every pixel is {int(image.flat[0])} (an all-zero, nodata or "
+                "constant-fill image holds nothing to grade)"
+            )
+    return pre_rgb, post_rgb
 
 
 _BUFFERS = threading.local()
@@ -323,7 +344,11 @@ def _chip_buffers(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cut_tile(
-    tile: XbdTile, out: str | os.PathLike, spec: ChipSpec, include_unclassified: bool = False
+    tile: XbdTile,
+    out: str | os.PathLike,
+    spec: ChipSpec,
+    include_unclassified: bool = False,
+    max_pixels: int | None = None,
 ) -> tuple[list[dict], PrepareReport]:
     """Cut every building of one tile into a shard pair under ``out``.
 
@@ -332,6 +357,7 @@ def cut_tile(
         out: chip store root (``start_store`` already called).
         spec: the chip specification.
         include_unclassified: keep un-classified buildings as unlabelled (label -1).
+        max_pixels: pixel limit per image (:func:`data_prep.quality.max_pixels`).
 
     Returns:
         ``(rows, report)``: manifest rows in label-file order and this tile's report. Problems
@@ -368,19 +394,19 @@ def cut_tile(
     if not buildings:
         return [], report
 
-    images = []
-    for path in (tile.pre, tile.post):
-        try:
-            images.append(read_tile_image(path))
-        except Exception as exc:  # ImageError, or a decoder error of another kind
-            reason = str(exc)
-            if reason.startswith(f"{path}: "):
-                reason = reason[len(f"{path}: ") :]
-            elif not isinstance(exc, ImageError):
+    try:
+        pre, post = read_tile_pair(tile.pre, tile.post, max_pixels)
+    except Exception as exc:  # ImageError, or a decoder error of another kind
+        reason, path = str(exc), tile.pre
+        for candidate in (tile.pre, tile.post):
+            if reason.startswith(f"{candidate}: "):
+                reason, path = reason[len(f"{candidate}: ") :], candidate
+                break
+        else:
+            if not isinstance(exc, ImageError):
                 reason = f"cannot be read as an image ({type(exc).__name__}: {reason})"
-            report.skip(str(path), f"{reason}; tile skipped")
-            return [], report
-    pre, post = images
+        report.skip(str(path), f"{reason}; tile skipped")
+        return [], report
     if pre.shape != post.shape:
         report.skip(
             str(tile.post),
@@ -417,6 +443,10 @@ def cut_tile(
         else:
             pre_chips[n] = resize_chip(crop_boundless(pre, window), size)
             post_chips[n] = resize_chip(crop_boundless(post, window), size)
+        blank = blank_reason(pre_chips[n], post_chips[n])
+        if blank:
+            report.skip(f"{tile.label} building {b.uid}", blank)
+            continue
         kept.append((b, (window.col_off, window.row_off, window.size)))
     if not kept:
         return [], report
@@ -547,6 +577,7 @@ def prepare_xbd(
     include_unclassified: bool = False,
     limit: int | None = None,
     progress: bool | None = None,
+    max_pixels: int | None = None,
 ) -> PrepareReport:
     """Cut per-building pre/post chip pairs from xBD tiles into a chip store.
 
@@ -564,6 +595,8 @@ def prepare_xbd(
         include_unclassified: keep un-classified buildings as unlabelled chips (label -1).
         limit: use only the first ``limit`` tiles (sorted by name).
         progress: show a progress bar (None: only when stderr is a terminal).
+        max_pixels: pixel limit per image, checked from the header before decoding (default
+            :func:`data_prep.quality.max_pixels`).
 
     Returns:
         The run's report (chips per class and event, skipped items).
@@ -573,6 +606,7 @@ def prepare_xbd(
     """
     spec = spec or ChipSpec()
     workers = max(int(workers), 1)
+    max_pixels = quality.max_pixels(max_pixels)
     roots = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
     tiles, duplicates = find_tiles(roots)
     if limit is not None:
@@ -583,7 +617,7 @@ def prepare_xbd(
         report.skip(item, reason)
     results = run_tiles(
         _cut_tile_task,
-        [(t, out, spec, include_unclassified) for t in tiles],
+        [(t, out, spec, include_unclassified, max_pixels) for t in tiles],
         workers=workers,
         progress=progress,
         desc="prepare xbd",

@@ -1,0 +1,102 @@
+"""Checks that decide whether imagery can be decoded and graded at all.
+
+- Pixel limit: a raster (or one window of a windowed read) with more pixels than the limit is
+  refused from its header, before anything is decoded, so a small file that declares a huge
+  image (a decompression bomb) cannot exhaust memory. The limit is :data:`MAX_PIXELS` unless the
+  environment variable :data:`MAX_PIXELS_ENV` or a ``--max-pixels`` option says otherwise.
+- Blank imagery: a chip whose pixels are nearly all one value (black fill, a zero or nodata
+  raster, a constant fill) holds nothing to grade; :func:`is_blank` says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+#: Default pixel limit per decoded raster or per window: 16384 x 16384 (268 Mpx, 805 MB as RGB
+#: uint8), several times a large satellite tile; windowed scene reads stay far below it.
+MAX_PIXELS = 16384 * 16384
+#: Environment variable that overrides :data:`MAX_PIXELS`.
+MAX_PIXELS_ENV = "LOCAL_DAMAGE_MAX_PIXELS"
+#: A chip is blank when at least this fraction of its pixels share one value.
+BLANK_FRACTION = 0.95
+#: The reason recorded for a building whose chip is blank (``status`` ``skipped: blank imagery``).
+BLANK = "blank imagery"
+
+
+def max_pixels(value: int | None = None) -> int:
+    """The pixel limit: ``value`` when given, else ``$LOCAL_DAMAGE_MAX_PIXELS``, else the default.
+
+    Raises:
+        ValueError: a limit that is not a positive integer (naming where it came from).
+    """
+    where = "max_pixels"
+    if value is None:
+        text = os.environ.get(MAX_PIXELS_ENV, "").strip()
+        if not text:
+            return MAX_PIXELS
+        where = f"environment variable {MAX_PIXELS_ENV}"
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise ValueError(f"{where}: {text!r} is not a whole number of pixels") from None
+    if int(value) < 1:
+        raise ValueError(f"{where}: the pixel limit must be positive, got {value}")
+    return int(value)
+
+
+def pixel_limit_problem(width: int, height: int, limit: int, what: str = "image") -> str | None:
+    """Why a ``width`` x ``height`` read is refused under ``limit`` pixels, or None if it is not.
+
+    The message says how to raise the limit; callers prefix the file name.
+    """
+    if int(width) * int(height) <= limit:
+        return None
+    return (
+        f"{what} of {width}x{height} px ({int(width) * int(height):,} pixels) exceeds the limit "
+        f"of {limit:,} pixels; refused before decoding (raise it with --max-pixels or "
+        f"{MAX_PIXELS_ENV} if the file is genuine)"
+    )
+
+
+def dominant_fraction(chip: np.ndarray) -> float:
+    """Fraction of the pixels of a uint8 [H, W, C] (or [H, W]) chip equal to its most common
+    pixel value (all channels compared together)."""
+    chip = np.asarray(chip)
+    if chip.size == 0:
+        return 1.0
+    return _dominant_fraction(chip)
+
+
+def _dominant_fraction(chip: np.ndarray) -> float:
+    if chip.ndim == 2:
+        flat = chip.ravel().astype(np.uint32)
+    else:
+        flat = np.zeros(chip.shape[0] * chip.shape[1], dtype=np.uint32)
+        for c in range(min(chip.shape[2], 4)):
+            flat = (flat << 8) | chip[..., c].ravel().astype(np.uint32)
+    counts = np.unique(flat, return_counts=True)[1]
+    return float(counts.max()) / flat.size
+
+
+def is_blank(chip: np.ndarray, threshold: float = BLANK_FRACTION) -> bool:
+    """Whether a chip holds no imagery to grade: at least ``threshold`` of its pixels share one
+    value (zero or nodata fill, a constant raster). Zero fill past the raster edge of a building
+    near the edge stays well below the threshold."""
+    chip = np.asarray(chip)
+    if chip.size == 0:
+        return True
+    # the commonest value of one channel bounds that of whole pixels: most chips stop here
+    first = chip if chip.ndim == 2 else chip[..., 0]
+    if np.bincount(first.ravel(), minlength=256).max() < threshold * first.size:
+        return False
+    return _dominant_fraction(chip) >= threshold
+
+
+def blank_reason(pre: np.ndarray, post: np.ndarray) -> str | None:
+    """``"blank imagery (...)"`` naming the blank chip(s) of a pair, or None when both hold imagery."""
+    blank = [name for name, chip in (("pre", pre), ("post", post)) if is_blank(chip)]
+    if not blank:
+        return None
+    return f"{BLANK} (the {' and '.join(blank)} chip {'is' if len(blank) == 1 else 'are'} one flat value)"
