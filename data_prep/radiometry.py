@@ -53,6 +53,9 @@ PROBE_PX, PROBE_GRID = 64, 4
 SAMPLE_PX = 512
 #: Most values per tile kept for the stretch percentiles.
 SAMPLE_VALUES = 3 * 65536
+#: Rasters up to this many pixels without overviews are sampled by one decimated read; larger
+#: ones by a grid of SAMPLE_GRID x SAMPLE_GRID windows of PROBE_PX.
+SAMPLE_FULL_PX, SAMPLE_GRID = 8192 * 8192, 8
 
 
 @dataclass(frozen=True)
@@ -164,15 +167,15 @@ def joint_stretch(samples: list[np.ndarray]) -> Scaling:
     return Scaling(STRETCH, ratio, -lo * ratio, f"2-98% of pre and post: {lo:g}-{hi:g}")
 
 
-def probe_values(dataset, alpha: int = 0) -> np.ndarray:
+def probe_values(dataset, alpha: int = 0, grid: int = PROBE_GRID) -> np.ndarray:
     """Valid full-resolution values of bands 1-3 from a grid of small windows over the raster
-    (:data:`PROBE_GRID` squared windows of :data:`PROBE_PX` px), for testing rule 3."""
+    (``grid`` squared windows of :data:`PROBE_PX` px), for testing rule 3."""
     from rasterio.windows import Window
 
     w, h = dataset.width, dataset.height
     size_x, size_y = min(PROBE_PX, w), min(PROBE_PX, h)
-    cols = np.unique(np.linspace(0, w - size_x, PROBE_GRID).round().astype(int))
-    rows = np.unique(np.linspace(0, h - size_y, PROBE_GRID).round().astype(int))
+    cols = np.unique(np.linspace(0, w - size_x, grid).round().astype(int))
+    rows = np.unique(np.linspace(0, h - size_y, grid).round().astype(int))
     out = []
     for r in rows:
         for c in cols:
@@ -186,8 +189,12 @@ def probe_values(dataset, alpha: int = 0) -> np.ndarray:
 
 
 def sample_values(dataset, alpha: int = 0) -> np.ndarray:
-    """Valid values of bands 1-3 from a decimated read (overviews when present), at most
-    :data:`SAMPLE_VALUES` in all, for choosing a scaling and computing the stretch."""
+    """Valid values of bands 1-3, at most :data:`SAMPLE_VALUES` in all, for choosing a scaling and
+    computing the stretch: a decimated read (through overviews when present) of rasters with
+    overviews or of at most :data:`SAMPLE_FULL_PX` pixels, else :data:`SAMPLE_GRID` squared
+    full-resolution windows, so a huge sparse raster is not read block by block."""
+    if dataset.width * dataset.height > SAMPLE_FULL_PX and not dataset.overviews(1):
+        return probe_values(dataset, alpha, grid=SAMPLE_GRID)
     scale = max(1.0, max(dataset.width, dataset.height) / float(SAMPLE_PX))
     shape = (3, max(1, round(dataset.height / scale)), max(1, round(dataset.width / scale)))
     data = dataset.read([1, 2, 3], out_shape=shape, masked=True)
