@@ -95,6 +95,27 @@ def check_run_config(run: str | Path, cfg) -> None:
         )
 
 
+def check_run_holdout(run: str | Path, holdout: int | None) -> None:
+    """Check that a finished run in ``run`` was trained without the same ``holdout`` fold.
+
+    Raises:
+        CrossValidationError: it held out another fold (or none).
+    """
+    import json
+
+    from local_damage.train.loop import SUMMARY
+
+    path = Path(run) / SUMMARY
+    if not path.is_file():
+        return
+    trained_without = json.loads(path.read_text()).get("holdout")
+    if trained_without != holdout:
+        raise CrossValidationError(
+            f"{run}: holds a run trained with holdout {trained_without}, not {holdout}; "
+            "remove the folder or choose another --out"
+        )
+
+
 def run_fold(
     cfg,
     chips: str | Path,
@@ -102,6 +123,7 @@ def run_fold(
     fold: int,
     views: int = 2,
     progress: bool = True,
+    holdout: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Train (or reuse) the run of one fold and evaluate it on that fold.
 
@@ -112,6 +134,7 @@ def run_fold(
         fold: the held-out fold.
         views: views for the representation metrics (see :func:`local_damage.evaluate.evaluate`).
         progress: show training progress.
+        holdout: a fold never trained on (the test tiles), as ``train --holdout``.
 
     Returns:
         ``(metrics, how)``: the fold's metrics (also in ``run/metrics.json``) and what was done:
@@ -128,13 +151,14 @@ def run_fold(
 
     run = Path(run)
     check_run_config(run, cfg)
+    check_run_holdout(run, holdout)
     has_summary = (run / SUMMARY).is_file()
     if has_summary and (run / METRICS_JSON).is_file():
         return json.loads((run / METRICS_JSON).read_text()), "reused"
     how = "evaluated"
     if not has_summary:
         resume = (run / LAST_DIR / "state.pt").is_file()
-        train(cfg, chips, run, fold=fold, resume=resume, progress=progress)
+        train(cfg, chips, run, fold=fold, resume=resume, progress=progress, holdout=holdout)
         how = "resumed" if resume else "trained"
     scorer = TorchScorer(run)
     metrics = evaluate_chips(
@@ -160,6 +184,26 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+def pooled_metrics(fold_metrics: dict[str, dict], class_names: Sequence[str]) -> dict | None:
+    """Classification metrics of every fold's predictions taken together (out-of-fold).
+
+    The folds' confusion matrices are summed and scored as one set of predictions, so a class
+    that occurs in one fold only (minor damage in a single tile, say) counts once with all its
+    buildings instead of swinging one fold's macro-F1. ``None`` when there are no folds.
+    """
+    import numpy as np
+
+    from local_damage.metrics import classification_metrics
+
+    if not fold_metrics:
+        return None
+    cm = sum(np.asarray(m["confusion_matrix"], dtype=np.int64) for m in fold_metrics.values())
+    k = len(class_names)
+    y_true = np.repeat(np.repeat(np.arange(k), k), cm.reshape(-1))
+    y_pred = np.repeat(np.tile(np.arange(k), k), cm.reshape(-1))
+    return classification_metrics(y_true, y_pred, class_names)
+
+
 def summarise_method(fold_metrics: dict[str, dict], class_names: Sequence[str]) -> dict[str, Any]:
     """Aggregate one method's fold metrics.
 
@@ -168,20 +212,29 @@ def summarise_method(fold_metrics: dict[str, dict], class_names: Sequence[str]) 
         class_names: the class names, in label order.
 
     Returns:
-        ``{"folds": n, "accuracy", "macro_f1", "xview2_damage_f1": {"mean", "min", "max"},
-        "per_class_f1": {name: mean F1 over the folds where the class occurs, or None}}``.
+        ``{"folds": n, "accuracy", "macro_f1", "xview2_damage_f1", "max_abs_cos":
+        {"mean", "min", "max"}, "per_class_f1": {name: mean F1 over the folds where the class
+        occurs, or None}, "pooled": out-of-fold metrics (`pooled_metrics`)}``; ``max_abs_cos``
+        is the largest ``|cos|`` between class means of ``z`` on each validation fold.
     """
     runs = list(fold_metrics.values())
     per_class: dict[str, float | None] = {}
     for name in class_names:
         scores = [m["per_class"][name]["f1"] for m in runs if name not in m["absent_classes"]]
         per_class[name] = _stats(scores)["mean"]
+    cosines = [
+        m["representation"]["max_offdiag_abs_cos"]
+        for m in runs
+        if (m.get("representation") or {}).get("max_offdiag_abs_cos") is not None
+    ]
     return {
         "folds": len(runs),
         "accuracy": _stats([m["accuracy"] for m in runs]),
         "macro_f1": _stats([m["macro_f1"] for m in runs]),
         "xview2_damage_f1": _stats([m["xview2_damage_f1"] for m in runs]),
+        "max_abs_cos": _stats(cosines),
         "per_class_f1": per_class,
+        "pooled": pooled_metrics(fold_metrics, class_names),
     }
 
 
@@ -214,6 +267,22 @@ def _range(stats: dict) -> str:
     return f"{_pct(stats['mean'])} ({_pct(stats['min'])}-{_pct(stats['max'])})"
 
 
+def _pooled(summary: dict, keys: Sequence[str]) -> str:
+    pooled = summary.get("pooled")
+    if not pooled:
+        return "n/a"
+    return " / ".join(_pct(pooled[k]) for k in keys)
+
+
+def _pooled_classes(summary: dict, names: Sequence[str]) -> str:
+    pooled = summary.get("pooled")
+    if not pooled:
+        return "n/a"
+    return " / ".join(
+        _pct(pooled["per_class"][n]["f1"]) if n in pooled["per_class"] else "n/a" for n in names
+    )
+
+
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -226,7 +295,18 @@ def table2(results: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     Returns:
         ``(markdown, csv_rows)``; markdown in percent, CSV rows in fractions.
     """
-    header = ["method", "loss", "BS", "input size", "folds", "accuracy %", "macro-F1 %"]
+    header = [
+        "method",
+        "loss",
+        "BS",
+        "input size",
+        "folds",
+        "accuracy %",
+        "macro-F1 %",
+        "pooled accuracy / macro-F1 %",
+        "pooled minor / major F1 %",
+        "max |cos|",
+    ]
     rows, records = [], []
     for m in results["methods"]:
         s = m["summary"]
@@ -240,6 +320,9 @@ def table2(results: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
                 str(s["folds"]),
                 _range(s["accuracy"]),
                 _range(s["macro_f1"]),
+                _pooled(s, ("accuracy", "macro_f1")),
+                _pooled_classes(s, ("minor-damage", "major-damage")),
+                "n/a" if s["max_abs_cos"]["mean"] is None else f"{s['max_abs_cos']['mean']:.3f}",
             ]
         )
         record = {
@@ -252,6 +335,12 @@ def table2(results: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         for key in ("accuracy", "macro_f1"):
             for stat in ("mean", "min", "max"):
                 record[f"{key}_{stat}"] = s[key][stat]
+        pooled = s.get("pooled") or {}
+        record["pooled_accuracy"] = pooled.get("accuracy")
+        record["pooled_macro_f1"] = pooled.get("macro_f1")
+        for name, scores in (pooled.get("per_class") or {}).items():
+            record[f"pooled_f1_{name}"] = scores["f1"]
+        record["max_abs_cos_mean"] = s["max_abs_cos"]["mean"]
         records.append(record)
     title = f"Accuracy over {len(results['folds'])}-fold cross-validation: mean (min-max)\n\n"
     return title + _markdown(header, rows), records
@@ -326,6 +415,7 @@ def cross_validate(
     names: Sequence[str] | None = None,
     views: int = 2,
     progress: bool = True,
+    holdout: int | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate every config on every fold; write the tables to ``out``.
 
@@ -338,6 +428,8 @@ def cross_validate(
         names: method names (default: the config file stems).
         views: 2 adds SAA/SAD to each fold's representation metrics; 1 skips the second view.
         progress: show training progress bars and per-epoch lines.
+        holdout: a fold of splits.csv kept out of every training run and never evaluated (the
+            test tiles of a model whose figures must not be tuned on); it cannot be in ``folds``.
 
     Returns:
         The results written to ``out/cv_results.json``: ``chips``, ``folds``, ``class_names``,
@@ -377,10 +469,20 @@ def cross_validate(
             f"{chips / 'splits.csv'}: no fold(s) {', '.join(map(str, unknown))}; the folds are "
             f"{', '.join(map(str, available))}"
         )
+    if holdout is not None:
+        if holdout not in available:
+            raise CrossValidationError(
+                f"{chips / 'splits.csv'}: no fold {holdout} to hold out; the folds are "
+                f"{', '.join(map(str, available))}"
+            )
+        folds = [f for f in folds if f != holdout]
+        if not folds:
+            raise CrossValidationError(f"no fold left to validate on besides held-out {holdout}")
     folds = list(dict.fromkeys(int(f) for f in folds))
     for name, cfg in zip(labels, loaded, strict=True):  # before any training, not midway
         for fold in folds:
             check_run_config(out / name / f"fold{fold}", cfg)
+            check_run_holdout(out / name / f"fold{fold}", holdout)
 
     methods, failed = [], []
     for name, path, cfg in zip(labels, configs, loaded, strict=True):
@@ -389,7 +491,9 @@ def cross_validate(
             run = out / name / f"fold{fold}"
             print(f"[{name} fold {fold}] {run}", file=sys.stderr)
             try:
-                metrics, how = run_fold(cfg, chips, run, fold, views=views, progress=progress)
+                metrics, how = run_fold(
+                    cfg, chips, run, fold, views=views, progress=progress, holdout=holdout
+                )
             except FOLD_ERRORS as exc:
                 message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
                 print(f"[{name} fold {fold}] failed: {message}", file=sys.stderr)
@@ -416,6 +520,7 @@ def cross_validate(
     results = {
         "chips": str(chips),
         "folds": folds,
+        "holdout": holdout,
         "overrides": list(overrides),
         "class_names": class_names,
         "prevalence": prevalence(chips, folds, class_names),
@@ -490,6 +595,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=2,
         help="2 (default): second augmented view for SAA/SAD in each fold's metrics; 1: skip it",
     )
+    p.add_argument(
+        "--holdout",
+        type=int,
+        metavar="K",
+        help="a fold never trained on nor evaluated (test tiles kept for the final figures)",
+    )
     p.add_argument("--quiet", action="store_true", help="no training progress bars or epoch lines")
     p.set_defaults(func=run)
 
@@ -505,6 +616,7 @@ def run(args: argparse.Namespace) -> int:
             names=args.name,
             views=args.views,
             progress=not args.quiet,
+            holdout=args.holdout,
         )
     except (CrossValidationError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -181,3 +181,50 @@ def test_cv_argument_errors(store, configs, tmp_path, capsys):
     assert main(["cv", "--config", local, "--chips", str(unsplit), "--out", out]) == 2
     assert "local-damage split" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+def test_pooled_metrics_score_every_fold_as_one_set():
+    from local_damage.cv import pooled_metrics, summarise_method
+    from local_damage.metrics import classification_metrics
+
+    names = list(CLASS_NAMES)
+    # fold A holds the only minor-damage buildings; fold B none of them
+    a_true, a_pred = [0, 0, 1, 1, 1, 3], [0, 1, 1, 1, 0, 3]
+    b_true, b_pred = [0, 0, 2, 3, 3], [0, 3, 2, 3, 3]
+    folds = {
+        "0": classification_metrics(a_true, a_pred, names),
+        "1": classification_metrics(b_true, b_pred, names),
+    }
+    pooled = pooled_metrics(folds, names)
+    direct = classification_metrics(a_true + b_true, a_pred + b_pred, names)
+    assert pooled["confusion_matrix"] == direct["confusion_matrix"]
+    assert pooled["macro_f1"] == pytest.approx(direct["macro_f1"])
+    assert pooled["accuracy"] == pytest.approx(8 / 11)
+    # minor damage: 2 of 3 found, 1 false alarm -> F1 2/3 in the pooled set
+    assert pooled["per_class"]["minor-damage"]["f1"] == pytest.approx(2 / 3)
+    summary = summarise_method(folds, names)
+    assert summary["pooled"]["macro_f1"] == pytest.approx(direct["macro_f1"])
+    assert summary["max_abs_cos"]["mean"] is None  # no representation metrics in these folds
+    assert pooled_metrics({}, names) is None
+
+
+def test_cv_holdout_fold_is_never_trained_on(store, configs, tmp_path, capsys):
+    out = tmp_path / "held"
+    args = ["cv", "--config", str(configs["ce"]), "--chips", str(store), "--out", str(out)]
+    assert main([*args, "--holdout", "1", "--quiet", "--views", "1"]) == 0
+    results = json.loads((out / "cv_results.json").read_text())
+    assert results["folds"] == [0, 2] and results["holdout"] == 1
+    splits = pd.read_csv(store / "splits.csv", dtype={"chip_id": str})
+    held = int((splits["fold"] == 1).sum())
+    for fold in (0, 2):
+        summary = json.loads((out / "ce" / f"fold{fold}" / "summary.json").read_text())
+        assert summary["holdout"] == 1
+        others = int((splits["fold"] == (2 if fold == 0 else 0)).sum())
+        assert summary["train_chips"] <= others < len(splits) - held
+    assert "pooled" in results["methods"][0]["summary"]
+    capsys.readouterr()
+    # the same folder without the holdout would mix two protocols: refused
+    assert main([*args, "--folds", "0", "--quiet", "--views", "1"]) == 2
+    assert "holdout" in capsys.readouterr().err
+    assert main([*args, "--holdout", "7"]) == 2
+    assert "no fold 7" in capsys.readouterr().err
