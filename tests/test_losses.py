@@ -20,9 +20,14 @@ from local_damage.losses import (
 LOSSES = {"scl": SupConLoss, "ocl": OrthonormalContrastiveLoss}
 
 
-def naive_loss(features: np.ndarray, labels: list[int], t: float, orthonormal: bool) -> float:
+def naive_loss(
+    features: np.ndarray, labels: list[int], t: float, orthonormal: bool, normalize: bool = True
+) -> float:
     """The per-anchor formula, one anchor, positive and denominator term at a time."""
-    z = [np.array(f) / math.sqrt(sum(x * x for x in f)) for f in features.tolist()]
+    z = [
+        np.array(f) / (math.sqrt(sum(x * x for x in f)) if normalize else 1.0)
+        for f in features.tolist()
+    ]
     b = len(labels)
     per_anchor = []
     for i in range(b):
@@ -314,3 +319,24 @@ def test_weighted_cross_entropy_by_hand():
     assert "weight" in WeightedCrossEntropy(weight).state_dict()
     with pytest.raises(ValueError, match="3 classes but weight has 2"):
         WeightedCrossEntropy([1.0, 2.0])(logits, labels)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("pattern", ["mixed", "imbalanced"])
+def test_raw_inner_products_match_naive_loop(name, pattern):
+    """normalize=False: Eq. 1/2 on the rows as given (an unnormalised z = e_pre - e_post)."""
+    labels = LABEL_PATTERNS[pattern]
+    gen = torch.Generator().manual_seed(3)
+    # rows of very different lengths, as differences of unit vectors are (0 to 2)
+    feats = torch.randn(len(labels), 6, generator=gen, dtype=torch.float64)
+    feats = feats * torch.linspace(0.05, 2.0, len(labels), dtype=torch.float64)[:, None]
+    y = torch.tensor(labels)
+    raw = LOSSES[name](0.5, normalize=False)(feats, y).item()
+    expected = naive_loss(feats.numpy(), labels, 0.5, name == "ocl", normalize=False)
+    assert raw == pytest.approx(expected, rel=1e-9)
+    cosine = LOSSES[name](0.5)(feats, y).item()
+    assert abs(raw - cosine) > 1e-3  # the lengths matter once rows are not normalised
+    unit = torch.nn.functional.normalize(feats, dim=1)
+    assert LOSSES[name](0.5, normalize=False)(unit, y).item() == pytest.approx(
+        LOSSES[name](0.5)(unit, y).item(), rel=1e-9
+    )

@@ -454,3 +454,33 @@ def test_change_map_needs_the_latent_module():
         net.change_map(*pairs(1))
     with pytest.raises(ValueError, match="with_change_map"):
         LocalInference(net, with_change_map=True)
+
+
+@pytest.mark.parametrize("blocks", ["1-2-3-4", "3-4"])
+def test_absolute_latent_matches_naive_formula(block_features, blocks):
+    """latent_abs: the channel mean of |f_pre - f_post| per block, resized, concatenated."""
+    channels, fp, fq = block_features
+    lat = LatentCorrelation(channels, parse_blocks(blocks), 8, absolute=True)
+    with torch.no_grad():
+        l_emb, m = lat(fp, fq)
+        absolute = [f.abs() for f in fp]  # |a - c| = naive formula on (|a - c|, 0)
+        diffs = [(a - c).abs() for a, c in zip(fp, fq, strict=True)]
+        l_ref, m_ref = naive_latent(
+            diffs, [torch.zeros_like(a) for a in absolute], parse_blocks(blocks), 8
+        )
+        signed, _ = LatentCorrelation(channels, parse_blocks(blocks), 8)(fp, fq)
+    torch.testing.assert_close(m, m_ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(l_emb, l_ref, rtol=1e-4, atol=1e-5)
+    assert bool((m >= 0).all())
+    assert not torch.allclose(l_emb, signed, atol=1e-3)
+
+
+def test_forward_returns_the_unnormalised_z(encoders):
+    pre, post = pairs(3, seed=4)
+    model = LocalNet(ModelConfig(encoder="resnet18"), encoder=encoders["resnet18"]).eval()
+    with torch.no_grad():
+        out = model(pre, post)
+        e_diff = out.e_pre - out.e_post
+    torch.testing.assert_close(out.z_raw, e_diff)
+    torch.testing.assert_close(out.z, F.normalize(e_diff, dim=1))
+    assert float(out.z_raw.norm(dim=1).max()) <= 2.0 + 1e-5

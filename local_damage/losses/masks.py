@@ -43,7 +43,7 @@ def check_features_labels(features: torch.Tensor, labels: torch.Tensor) -> None:
         raise ValueError(f"labels must be an integer tensor, got {labels.dtype}")
 
 
-def cosine_similarity_matrix(features: torch.Tensor) -> torch.Tensor:
+def cosine_similarity_matrix(features: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """Pairwise cosine similarities ``s_ij = <z_i, z_j>`` of L2-normalised rows.
 
     Computed in float32 (or float64 when given float64) whatever the input dtype, so float16 and
@@ -51,12 +51,15 @@ def cosine_similarity_matrix(features: torch.Tensor) -> torch.Tensor:
 
     Args:
         features: [B, D] embeddings; normalised here, so already-normalised input is unchanged.
+        normalize: False returns the raw inner products ``<f_i, f_j>`` instead.
 
     Returns:
         [B, B] similarities in [-1, 1].
     """
     dtype = torch.float64 if features.dtype == torch.float64 else torch.float32
-    z = F.normalize(features.to(dtype), dim=1)
+    z = features.to(dtype)
+    if normalize:
+        z = F.normalize(z, dim=1)
     return z @ z.T
 
 

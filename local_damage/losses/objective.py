@@ -136,6 +136,7 @@ class Objective(nn.Module):
         temperature: float = 0.1,
         beta: float = 1.0,
         class_weights: torch.Tensor | None = None,
+        normalize_z: bool = True,
     ) -> None:
         super().__init__()
         self.method = check_method(method)
@@ -146,7 +147,14 @@ class Objective(nn.Module):
         self.beta = beta
         self.latent = spec.latent
         self.wce = WeightedCrossEntropy(class_weights)
+        self.normalize_z = bool(normalize_z)
         self.contrastive = _CONTRASTIVE[spec.contrastive](temperature) if spec.contrastive else None
+        # z compared by cosine (the default) or by raw inner products; l is always unit norm.
+        self.contrastive_z = (
+            _CONTRASTIVE[spec.contrastive](temperature, normalize=self.normalize_z)
+            if spec.contrastive
+            else None
+        )
 
     def forward(
         self,
@@ -166,7 +174,7 @@ class Objective(nn.Module):
             raise ValueError(f"method {self.method!r} needs the embedding z")
         con_labels = labels if contrastive_labels is None else contrastive_labels
         parts: dict[str, torch.Tensor] = {"wce": wce.detach()}
-        con = self.contrastive(z, con_labels)
+        con = self.contrastive_z(z, con_labels)
         parts["contrastive_z"] = con.detach()
         if self.latent:
             if l is None:
@@ -183,7 +191,7 @@ class Objective(nn.Module):
         return total, parts
 
     def extra_repr(self) -> str:
-        return f"method={self.method!r}, beta={self.beta}"
+        return f"method={self.method!r}, beta={self.beta}, normalize_z={self.normalize_z}"
 
 
 def build_objective(
@@ -191,6 +199,7 @@ def build_objective(
     temperature: float = 0.1,
     beta: float = 1.0,
     class_weights: torch.Tensor | None = None,
+    normalize_z: bool = True,
 ) -> Objective:
     """Build the objective named ``method`` (one of `METHODS`).
 
@@ -199,8 +208,15 @@ def build_objective(
         temperature: contrastive temperature t > 0.
         beta: weight of the latent term (latent methods), >= 0.
         class_weights: [K] WCE weights (`class_weights`), or None for unweighted CE.
+        normalize_z: compare the rows of ``z`` by cosine (True) or by raw inner products.
     """
-    return Objective(method, temperature=temperature, beta=beta, class_weights=class_weights)
+    return Objective(
+        method,
+        temperature=temperature,
+        beta=beta,
+        class_weights=class_weights,
+        normalize_z=normalize_z,
+    )
 
 
 @dataclass
@@ -215,6 +231,10 @@ class LossConfig:
         alpha0: alpha at epoch 0.
         alpha_schedule: "constant", "inverse" or "linear" (see `alpha_at`).
         alpha_min: floor of "inverse", end point of "linear".
+        normalize_z: the contrastive loss on ``z`` compares pairs by cosine (True, the paper's
+            "cosine similarity" reading) or by the raw inner products of the unnormalised
+            ``z = W [e_pre, e_post]`` (False, Eq. 2 read literally: ``e`` is unit norm, ``z`` is
+            not re-normalised, so an unchanged building has a short ``z``).
     """
 
     method: str = "local"
@@ -223,6 +243,7 @@ class LossConfig:
     alpha0: float = 0.5
     alpha_schedule: str = "inverse"
     alpha_min: float = 0.0
+    normalize_z: bool = True
 
     def __post_init__(self) -> None:
         check_method(self.method)
@@ -262,4 +283,6 @@ class LossConfig:
 
     def build(self, class_weights: torch.Tensor | None = None) -> Objective:
         """The `Objective` of this config."""
-        return build_objective(self.method, self.temperature, self.beta, class_weights)
+        return build_objective(
+            self.method, self.temperature, self.beta, class_weights, self.normalize_z
+        )

@@ -27,6 +27,9 @@ class SupConLoss(nn.Module):
 
     Args:
         temperature: t > 0 (default 0.1).
+        normalize: compare rows by cosine (L2-normalised inside, the default); False uses the
+            raw inner products of the rows as given (for embeddings whose norm carries meaning,
+            such as an unnormalised difference ``e_pre - e_post``).
 
     Shape:
         - features: [B, D] embeddings (L2-normalised inside; any float dtype, computed in float32).
@@ -34,15 +37,16 @@ class SupConLoss(nn.Module):
         - output: scalar.
     """
 
-    def __init__(self, temperature: float = 0.1) -> None:
+    def __init__(self, temperature: float = 0.1, normalize: bool = True) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
+        self.normalize = bool(normalize)
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         check_features_labels(features, labels)
-        sim = cosine_similarity_matrix(features)
+        sim = cosine_similarity_matrix(features, normalize=self.normalize)
         masks = label_masks(labels)
         return contrastive_reduce(sim, sim, masks, self.temperature, features)
 
     def extra_repr(self) -> str:
-        return f"temperature={self.temperature}"
+        return f"temperature={self.temperature}, normalize={self.normalize}"

@@ -129,6 +129,9 @@ class LatentCorrelation(nn.Module):
         latent_size: Side ``S`` of the common grid; ``l`` has ``D_L = S * S`` entries.
         learnable: Learnable ``W_i`` per block (1x1 convolutions from ``2 d_i`` to ``d_i``
             channels initialised to ``[I, -I]``) instead of the fixed difference.
+        absolute: Average ``|W_i [f_pre, f_post]|`` over channels instead of the signed
+            correlation (the paper's reading): signed differences of opposite sign in different
+            channels cancel in the mean, absolute ones add up.
 
     With the fixed ``W_i`` the channel mean is taken per block before resizing (``mean_c(f_pre -
     f_post)`` resized, weighted by ``d_i``): the same map as resizing and concatenating every
@@ -142,6 +145,7 @@ class LatentCorrelation(nn.Module):
         blocks: Sequence[int],
         latent_size: int = 8,
         learnable: bool = False,
+        absolute: bool = False,
     ) -> None:
         super().__init__()
         blocks = parse_blocks(blocks)
@@ -157,6 +161,7 @@ class LatentCorrelation(nn.Module):
         self.blocks = blocks
         self.latent_size = latent_size
         self.learnable = learnable
+        self.absolute = absolute
         self.feature_index = [FIRST_BLOCK_FEATURE + b - 1 for b in blocks]
         dims = [int(channels[i]) for i in self.feature_index]
         total = sum(dims)
@@ -184,8 +189,9 @@ class LatentCorrelation(nn.Module):
         """
         out = None
         for k, (i, corr) in enumerate(zip(self.feature_index, self.correlations, strict=True)):
-            if corr.learnable:
-                m = corr(pre[i], post[i]).mean(dim=1, keepdim=True)
+            if corr.learnable or self.absolute:
+                diff = corr(pre[i], post[i])
+                m = (diff.abs() if self.absolute else diff).mean(dim=1, keepdim=True)
             else:
                 m = pre[i].mean(dim=1, keepdim=True) - post[i].mean(dim=1, keepdim=True)
             m = resize_map(m, self.latent_size) * self.block_weight[k]
@@ -202,5 +208,5 @@ class LatentCorrelation(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"blocks={format_blocks(self.blocks)!r}, latent_size={self.latent_size}, "
-            f"learnable={self.learnable}"
+            f"learnable={self.learnable}, absolute={self.absolute}"
         )

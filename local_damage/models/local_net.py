@@ -46,6 +46,8 @@ class ModelConfig:
             HRA), ``"2-3-4"``, ``"3-4"``, ``"4"``; ``None`` or ``""`` disables it (SCL baseline).
         learnable_correlation: Learn ``W`` (initialised to ``[I, -I]``) in the latent module and
             for ``z`` instead of the fixed difference the paper uses.
+        latent_abs: Average the absolute correlation ``|W_i [f_pre, f_post]|`` over channels
+            instead of the signed one the paper describes (an ablation; see docs/method.md).
         latent_size: Side ``S`` of the common grid of the latent maps (``D_L = S * S``). The
             default 8 is the block-3 grid of a 128 px chip (blocks 1-4 are 32, 16, 8, 4 px there),
             the middle of the hierarchy: two blocks are pooled, one up-sampled, none by more than
@@ -67,6 +69,7 @@ class ModelConfig:
     weights: str | None = None
     latent_blocks: str | None = "1-2-3-4"
     learnable_correlation: bool = False
+    latent_abs: bool = False
     latent_size: int = 8
     proj_hidden: int = 512
     embed_dim: int = 128
@@ -118,6 +121,7 @@ class LocalOutput(NamedTuple):
         e_post: ``[B, D_E]`` unit-norm projection of the post image.
         latent_map: ``[B, 1, S, S]`` channel-averaged correlation map (where the features
             changed), or ``None`` when the latent module is off.
+        z_raw: ``[B, D_E]`` ``W [e_pre, e_post]`` before normalisation (``z`` is its direction).
     """
 
     logits: torch.Tensor
@@ -126,6 +130,7 @@ class LocalOutput(NamedTuple):
     e_pre: torch.Tensor
     e_post: torch.Tensor
     latent_map: torch.Tensor | None = None
+    z_raw: torch.Tensor | None = None
 
 
 def _mlp(d_in: int, hidden: int, d_out: int, dropout: float = 0.0) -> nn.Sequential:
@@ -155,7 +160,9 @@ class LocalNet(nn.Module):
         d_r = channels[-1]
         blocks = parse_blocks(cfg.latent_blocks)
         self.latent = (
-            LatentCorrelation(channels, blocks, cfg.latent_size, cfg.learnable_correlation)
+            LatentCorrelation(
+                channels, blocks, cfg.latent_size, cfg.learnable_correlation, cfg.latent_abs
+            )
             if blocks
             else None
         )
@@ -196,6 +203,13 @@ class LocalNet(nn.Module):
         self, f_pre: torch.Tensor, f_post: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Pooled representations to ``(logits, z, e_pre, e_post)``."""
+        logits, z_raw, e_pre, e_post = self._heads_raw(f_pre, f_post)
+        return logits, F.normalize(z_raw, dim=1), e_pre, e_post
+
+    def _heads_raw(
+        self, f_pre: torch.Tensor, f_post: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pooled representations to ``(logits, z_raw, e_pre, e_post)``, ``z`` unnormalised."""
         r_pre = f_pre.mean(dim=(2, 3))
         r_post = f_post.mean(dim=(2, 3))
         if self.cfg.normalize_r:
@@ -204,8 +218,7 @@ class LocalNet(nn.Module):
         logits = self.classifier(torch.cat([r_pre, r_post], dim=1))
         e_pre = F.normalize(self.projection(r_pre), dim=1)
         e_post = F.normalize(self.projection(r_post), dim=1)
-        z = F.normalize(self.correlation(e_pre, e_post), dim=1)
-        return logits, z, e_pre, e_post
+        return logits, self.correlation(e_pre, e_post), e_pre, e_post
 
     def forward(self, pre: torch.Tensor, post: torch.Tensor) -> LocalOutput:
         """Everything training needs.
@@ -218,11 +231,12 @@ class LocalNet(nn.Module):
             A :class:`LocalOutput`.
         """
         feats_pre, feats_post = self.encode_pair(pre, post)
-        logits, z, e_pre, e_post = self._heads(feats_pre[-1], feats_post[-1])
+        logits, z_raw, e_pre, e_post = self._heads_raw(feats_pre[-1], feats_post[-1])
         l_emb = latent_map = None
         if self.latent is not None:
             l_emb, latent_map = self.latent(feats_pre, feats_post)
-        return LocalOutput(logits, z, l_emb, e_pre, e_post, latent_map)
+        z = F.normalize(z_raw, dim=1)
+        return LocalOutput(logits, z, l_emb, e_pre, e_post, latent_map, z_raw)
 
     def predict(self, pre: torch.Tensor, post: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Inference path: ``(logits [B, K], z [B, D_E])``, skipping the latent module."""

@@ -310,7 +310,9 @@ def train(
             )
             with autocast_context(cfg.train.amp, device):
                 output = ddp_model(pre, post)
-            z = gather_with_grad(output.z.float(), dist_info)
+            z = gather_with_grad(
+                (output.z if cfg.loss.normalize_z else output.z_raw).float(), dist_info
+            )
             lat = gather_with_grad(output.l.float(), dist_info) if output.l is not None else None
             loss, parts = objective(
                 output.logits.float(),
