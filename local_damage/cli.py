@@ -16,7 +16,16 @@ from local_damage import __version__
 def build_parser() -> argparse.ArgumentParser:
     from app import cli as app_cli
     from data_prep import cli as data_prep_cli
-    from local_damage import bench_infer, bench_train, calibrate, cv, evaluate, export, geometry
+    from local_damage import (
+        bench_infer,
+        bench_train,
+        calibrate,
+        cv,
+        evaluate,
+        export,
+        geometry,
+        probe,
+    )
     from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -33,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_parser(sub)
     export.add_parser(sub)
     calibrate.add_parser(sub)
+    probe.add_parser(sub)
 
     bench = sub.add_parser(
         "bench",

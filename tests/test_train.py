@@ -171,6 +171,7 @@ def test_init_from_missing_run_is_a_clear_error(chips, tmp_path, capsys):
         ("model.gradient_checkpointing=true", "model.channels_last=true"),
         ("loss.method=scl", "data.balanced_sampling=true"),
         ("loss.method=ce", "optim.optimizer=sgd", "optim.schedule=step"),
+        ("loss.normalize_z=false", "model.latent_abs=true", "loss.beta=0.01"),
     ],
 )
 def test_memory_options_and_methods_train(chips, tmp_path, options):
@@ -218,3 +219,24 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(chips, tmp_path):
     a, b = summary["replica_checksums"]
     assert a == b
     assert np.isfinite(pd.read_csv(run / "metrics.csv")["train_loss"]).all()
+
+
+def test_probe_separates_the_pull_of_each_term(chips, capsys):
+    """The probe's gradients: the latent term's pull scales with beta, WCE's does not."""
+    from local_damage.probe import probe
+
+    full = probe(tiny(), chips, batches=2)
+    small = probe(tiny("loss.beta=0.1"), chips, batches=2)
+    assert set(full["terms"]) == {"wce", "contrastive_z", "contrastive_l"}
+    assert small["terms"]["wce"]["grad_norm"] == pytest.approx(full["terms"]["wce"]["grad_norm"])
+    assert small["terms"]["contrastive_l"]["grad_norm"] == pytest.approx(
+        0.1 * full["terms"]["contrastive_l"]["grad_norm"], rel=1e-4
+    )
+    for term in full["terms"].values():
+        assert term["grad_norm"] > 0 and -1.0 <= term["cos_with_wce"] <= 1.0
+    scl = probe(tiny("loss.method=scl"), chips, batches=2)
+    assert set(scl["terms"]) == {"wce", "contrastive_z"}
+    counted = sum(c["n"] for c in full["per_class"].values())
+    assert counted == 2 * int(tiny().train.batch_size)
+    assert main(["probe", "--config", "missing.yaml", "--chips", str(chips)]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
