@@ -159,6 +159,8 @@ def separate_pass_forward(model: LocalNet, pre: torch.Tensor, post: torch.Tensor
     Returns:
         A :class:`LocalOutput` (logits ``[B, K]``, ``z`` ``[B, D_E]``, ``l`` ``[B, D_L]``, ...).
     """
+    import torch.nn.functional as F
+
     from local_damage.models import LocalOutput
 
     if pre.shape != post.shape:
@@ -167,11 +169,12 @@ def separate_pass_forward(model: LocalNet, pre: torch.Tensor, post: torch.Tensor
         )
     feats_pre = _encode(model, pre)
     feats_post = _encode(model, post)
-    logits, z, e_pre, e_post = model._heads(feats_pre[-1], feats_post[-1])
+    logits, z_raw, e_pre, e_post = model._heads_raw(feats_pre[-1], feats_post[-1])
+    z = F.normalize(z_raw, dim=1)
     l_emb = latent_map = None
     if model.latent is not None:
         l_emb, latent_map = model.latent(feats_pre, feats_post)
-    return LocalOutput(logits, z, l_emb, e_pre, e_post, latent_map)
+    return LocalOutput(logits, z, l_emb, e_pre, e_post, latent_map, z_raw)
 
 
 def bench_labels(batch: int, num_classes: int = 4) -> torch.Tensor:
