@@ -22,7 +22,7 @@ Every threshold below was chosen and measured on real held-out xBD chips; see do
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,10 @@ OOD_METHOD = "largest cosine similarity of the embedding to a class prototype"
 
 #: ``misaligned`` when the residual pre/post shift exceeds this many chip pixels.
 MISALIGNED_PX = 3.0
+#: The residual-shift measurement every :class:`Flagger` uses by default:
+#: ``(pre, post) -> shift in chip pixels, or None when it cannot be measured``; None: no
+#: ``misaligned`` flag. The alignment check of ``data_prep`` plugs in here.
+MEASURE_SHIFT: Callable[[np.ndarray, np.ndarray], float | None] | None = None
 
 #: Luminance (0-255) above which a post pixel counts as bright.
 CLOUD_BRIGHT = 170.0
@@ -187,6 +191,36 @@ def ood_threshold(scores: np.ndarray, quantile: float) -> float:
     return float(np.quantile(s, quantile))
 
 
+def ood_block(
+    prototypes: np.ndarray,
+    threshold: float,
+    class_names: Sequence[str],
+    quantile: float,
+    prototypes_from: Mapping[str, Any],
+    threshold_from: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``ood`` metadata prop of a model.
+
+    Args:
+        prototypes: ``[K, D]`` class prototypes (:func:`class_prototypes`).
+        threshold: the cosine under which an embedding is flagged (:func:`ood_threshold`).
+        class_names: the ``K`` classes, in prototype order.
+        quantile: the fraction of the threshold chips meant to fall under it.
+        prototypes_from: where the prototypes came from (chips, folds, n per class).
+        threshold_from: where the threshold was chosen (chips, fold, n, flagged fraction).
+    """
+    protos = unit(prototypes)
+    return {
+        "method": OOD_METHOD,
+        "class_names": list(class_names),
+        "prototypes": [[round(float(v), 7) for v in row] for row in protos],
+        "threshold": float(threshold),
+        "quantile": float(quantile),
+        "prototypes_from": dict(prototypes_from),
+        "threshold_from": dict(threshold_from),
+    }
+
+
 @dataclass(frozen=True)
 class OodCheck:
     """Class prototypes and the threshold under which an embedding is flagged ``ood``.
@@ -251,13 +285,31 @@ class Flagger:
         metadata: the model's parsed metadata (:attr:`app.predictor.Predictor.metadata`); its
             ``ood`` prop, when present, enables the ``ood`` flag.
         misaligned_px: the ``misaligned`` limit in chip pixels.
+        measure_shift: ``(pre, post) -> shift in chip pixels or None``, the residual pre/post
+            shift of a chip pair, used when no shift is given; None: :data:`MEASURE_SHIFT`.
+
+    Attributes:
+        ood: the :class:`OodCheck` of the model, None when it carries no prototypes.
     """
 
     def __init__(
-        self, metadata: Mapping[str, Any] | None = None, misaligned_px: float = MISALIGNED_PX
+        self,
+        metadata: Mapping[str, Any] | None = None,
+        misaligned_px: float = MISALIGNED_PX,
+        measure_shift: Callable[[np.ndarray, np.ndarray], float | None] | None = None,
     ) -> None:
         self.ood = OodCheck.from_metadata(metadata)
         self.misaligned_px = float(misaligned_px)
+        self.measure_shift = measure_shift if measure_shift is not None else MEASURE_SHIFT
+
+    @property
+    def checks(self) -> list[str]:
+        """The flags this flagger can raise (``ood`` only with prototypes, ``misaligned`` only
+        with a shift measurement)."""
+        off = {OOD} if self.ood is None else set()
+        if self.measure_shift is None:
+            off.add(MISALIGNED)
+        return [f for f in FLAGS if f not in off]
 
     def pair(
         self,
@@ -271,10 +323,13 @@ class Flagger:
         Args:
             pre, post: the chips as cut for the model.
             embedding: the model's ``[D]`` embedding of the pair (None: not scored, no ``ood``).
-            shift_px: residual pre/post shift in chip pixels (None: not measured).
+            shift_px: residual pre/post shift in chip pixels (None: measured by
+                :attr:`measure_shift` when there is one).
         """
         if blank_flag(pre, post):
             return [BLANK]
+        if shift_px is None and self.measure_shift is not None:
+            shift_px = self.measure_shift(pre, post)
         out = []
         sky = sky_flag(pre, post)
         if sky:
@@ -293,7 +348,7 @@ class Flagger:
         shift_px: Sequence[float | None] | None = None,
     ) -> list[list[str]]:
         """The flags of ``N`` chip pairs: uint8 ``[N, H, W, 3]`` chips, ``[N, D]`` embeddings,
-        ``N`` shifts (None: not measured)."""
+        ``N`` shifts (None: measured as in :meth:`pair`)."""
         n = len(pre)
         ood = (
             self.ood.flagged(embedding)

@@ -15,10 +15,11 @@ Many scenes at once: :mod:`app.batch`.
 Each input feature gives one output feature: its geometry and attributes (an input attribute
 whose name an output column takes is renamed ``input_<name>``), then ``damage`` (class name),
 ``damage_id`` (0-3), one ``p_<class>`` probability per class (``-`` becomes ``_``),
-``confidence`` (the largest probability) and ``status``: ``scored``, ``not_covered`` (not
+``confidence`` (the largest probability), ``flags`` (why the grade should be checked, ``;``-joined
+names from :mod:`app.flags`, empty when none) and ``status``: ``scored``, ``not_covered`` (not
 entirely inside valid pre and post imagery) or ``skipped: <reason>`` (e.g. ``skipped: blank
-imagery (...)`` for a building whose chip is one flat value); the score columns are null for
-buildings that were not scored. Pixel values follow the radiometric rule of
+imagery (...)`` for a building whose chip is one flat value, flagged ``blank``); the score columns
+are null for buildings that were not scored. Pixel values follow the radiometric rule of
 :mod:`data_prep.radiometry`, and every image or window is held to the pixel limit of
 :mod:`data_prep.quality` before it is decoded. Outputs are written under temporary names and renamed into
 place; the vector file is written last, so its presence means the scene is finished.
@@ -166,12 +167,23 @@ def check_outputs(
 
 
 class _Scores:
-    """Per-feature results: status text, class id (-1 unscored) and probabilities (NaN)."""
+    """Per-feature results: status text, class id (-1 unscored), probabilities (NaN) and
+    flags (``;``-joined, empty when none)."""
 
     def __init__(self, n: int, k: int):
         self.status = np.full(n, NOT_COVERED, dtype=object)
         self.class_id = np.full(n, -1, dtype=np.int64)
         self.probs = np.full((n, k), np.nan, dtype=np.float64)
+        self.flags = np.full(n, "", dtype=object)
+
+    def skip(self, row: int, reason: str) -> None:
+        """Mark a building not scored for ``reason``; a blank chip is also flagged ``blank``."""
+        from app.flags import BLANK as BLANK_FLAG
+        from data_prep.quality import BLANK
+
+        self.status[row] = f"{SKIPPED}: {reason}"
+        if reason.startswith(BLANK):
+            self.flags[row] = BLANK_FLAG
 
     def columns(self, class_names: Sequence[str]) -> tuple[dict, dict]:
         unscored = self.class_id < 0
@@ -189,17 +201,21 @@ class _Scores:
             unscored, 0.0, np.round(np.nan_to_num(self.probs).max(axis=1), 6)
         )
         masks["confidence"] = unscored
+        cols["flags"] = self.flags.astype(object)
         cols["status"] = self.status.astype(object)
         return cols, masks
 
 
 class _Batcher:
-    """Collects chip pairs and grades them ``batch_size`` at a time."""
+    """Collects chip pairs, grades them ``batch_size`` at a time and flags them."""
 
     def __init__(self, predictor: Predictor, scores: _Scores, batch_size: int):
+        from app.flags import Flagger
+
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.predictor, self.scores, self.batch_size = predictor, scores, batch_size
+        self.flagger = Flagger(predictor.metadata)
         self.rows: list[int] = []
         self.pre: list[np.ndarray] = []
         self.post: list[np.ndarray] = []
@@ -214,14 +230,17 @@ class _Batcher:
     def flush(self) -> None:
         if not self.rows:
             return
-        pred = self.predictor.predict(
-            np.stack(self.pre), np.stack(self.post), batch_size=self.batch_size
-        )
+        from app.flags import flags_text
+
+        pre, post = np.stack(self.pre), np.stack(self.post)
+        pred = self.predictor.predict(pre, post, batch_size=self.batch_size)
         probs = np.asarray(pred.probabilities, dtype=np.float64)
         rows = np.asarray(self.rows)
         self.scores.probs[rows] = probs
         self.scores.class_id[rows] = probs.argmax(axis=1)
         self.scores.status[rows] = SCORED
+        for row, names in zip(rows, self.flagger.batch(pre, post, pred.embedding), strict=True):
+            self.scores.flags[row] = flags_text(names)
         self.rows, self.pre, self.post = [], [], []
 
 
@@ -402,7 +421,7 @@ def score_scene(
             if b.status == CUT_NOT_COVERED:
                 scores.status[row] = NOT_COVERED
             elif b.status == CUT_SKIPPED:
-                scores.status[row] = f"{SKIPPED}: {b.reason}"
+                scores.skip(row, b.reason)
                 report.skipped.append(Skipped(f"{footprints.path} feature {b.uid}", b.reason))
             else:
                 batcher.add(row, b.pre, b.post)
@@ -661,7 +680,7 @@ def score_xbd(
         post_chip = resize_chip(crop_boundless(post_img, window), spec.chip_size)
         blank = blank_reason(pre_chip, post_chip)
         if blank:
-            scores.status[row] = f"{SKIPPED}: {blank}"
+            scores.skip(row, blank)
             report.skipped.append(Skipped(item, blank))
             continue
         batcher.add(row, pre_chip, post_chip)
