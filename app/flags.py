@@ -159,19 +159,31 @@ def unit(x: np.ndarray) -> np.ndarray:
     return np.divide(arr, norms, out=np.zeros_like(arr), where=norms > 1e-12)
 
 
-def class_prototypes(embedding: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """``[K, D]`` unit-length mean embedding of each class of labelled ``[N, D]`` embeddings.
+def class_prototypes(
+    embedding: np.ndarray, labels: np.ndarray, k: int
+) -> tuple[np.ndarray, list[int]]:
+    """Unit-length mean embedding of each class of labelled ``[N, D]`` embeddings.
+
+    Args:
+        embedding: ``[N, D]`` embeddings (rows of zero length are left out).
+        labels: ``[N]`` class ids in ``[0, K)``.
+        k: the number of classes ``K``.
+
+    Returns:
+        ``(prototypes, classes)``: float64 ``[C, D]`` prototypes of the ``C`` classes that have
+        an example, and their class ids.
 
     Raises:
-        ValueError: shapes that do not match, or a class with no example.
+        ValueError: shapes that do not match, or no usable example at all.
     """
     z, y = unit(embedding), np.asarray(labels)
     if z.ndim != 2 or y.shape != (len(z),):
         raise ValueError(f"need [N, D] embeddings and [N] labels, got {z.shape} and {y.shape}")
-    empty = [c for c in range(k) if not np.any(y == c)]
-    if empty:
-        raise ValueError(f"class id(s) {empty} have no example; every class needs a prototype")
-    return unit(np.stack([z[y == c].mean(axis=0) for c in range(k)]))
+    usable = np.linalg.norm(z, axis=1) > 0.5
+    classes = [c for c in range(k) if np.any(usable & (y == c))]
+    if not classes:
+        raise ValueError("no labelled embedding to make class prototypes from")
+    return unit(np.stack([z[usable & (y == c)].mean(axis=0) for c in classes])), classes
 
 
 def ood_scores(embedding: np.ndarray, prototypes: np.ndarray) -> np.ndarray:

@@ -11,6 +11,12 @@ probabilities. No torch is imported, so a scoring machine can calibrate.
 ``T`` must be fitted on chips the model did not train on (its validation fold): on training
 chips a network is more confident and more often right than on new ones, so the fitted ``T``
 comes out too small and the model stays over-confident.
+
+The same command stores what the ``ood`` abstain flag needs (:mod:`app.flags`), as the ``ood``
+metadata prop: the class prototypes (the normalised mean embedding of each class over the
+labelled chips of the training folds, ``--prototype-folds``, by default every fold but the
+calibration fold) and the threshold (the ``--ood-quantile`` quantile, 1% by default, of the
+calibration fold's largest cosine similarity to a prototype). ``--no-ood`` leaves it out.
 """
 
 from __future__ import annotations
@@ -47,6 +53,110 @@ def fold_note(metadata: dict[str, Any], fold: int | None) -> str | None:
     )
 
 
+#: Default fraction of in-distribution calibration chips the ``ood`` threshold flags.
+OOD_QUANTILE = 0.01
+
+
+def store_folds(chips: str | Path) -> list[int]:
+    """The folds of ``chips/splits.csv``, sorted.
+
+    Raises:
+        FileNotFoundError: the store has no splits.csv.
+    """
+    import pandas as pd
+
+    path = Path(chips) / "splits.csv"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no splits, so prototype folds have no meaning; run `local-damage split "
+            f"{chips}` first"
+        )
+    return sorted(int(f) for f in pd.read_csv(path, usecols=["fold"])["fold"].unique())
+
+
+def fit_ood(
+    scorer,
+    chips: str | Path,
+    threshold_scored: Scored,
+    fold: int | None,
+    prototype_folds: list[int] | None = None,
+    quantile: float = OOD_QUANTILE,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Class prototypes and the ``ood`` threshold of a model (the ``ood`` metadata prop).
+
+    Args:
+        scorer: the model (:class:`local_damage.evaluate.OnnxScorer`).
+        chips: the chip store.
+        threshold_scored: the model's outputs on the calibration chips (fold ``fold``); the
+            threshold is the ``quantile`` of their largest cosine to a prototype.
+        fold: the calibration fold (None: every labelled chip).
+        prototype_folds: folds whose labelled chips give the prototypes; None: every fold of
+            splits.csv except ``fold`` (every labelled chip when ``fold`` is None).
+        quantile: the fraction of calibration chips the threshold is meant to flag.
+        batch_size: chip pairs per ONNX Runtime call.
+        progress: show a progress bar.
+
+    Returns:
+        The block of :func:`app.flags.ood_block`.
+
+    Raises:
+        ValueError: a prototype fold that is not in splits.csv, or that is the calibration fold.
+    """
+    import numpy as np
+
+    from app.flags import class_prototypes, ood_block, ood_scores, ood_threshold
+    from local_damage.evaluate import select_chips
+
+    chips = Path(chips)
+    if prototype_folds is None and fold is not None:
+        prototype_folds = [f for f in store_folds(chips) if f != fold]
+    if prototype_folds is not None:
+        known = store_folds(chips)
+        bad = [f for f in prototype_folds if f not in known]
+        if bad or not prototype_folds:
+            raise ValueError(
+                f"{chips / 'splits.csv'}: prototype fold(s) {bad or prototype_folds} not usable; "
+                f"the folds are {known}"
+            )
+        if fold is not None and fold in prototype_folds:
+            raise ValueError(
+                f"--prototype-folds {prototype_folds} include the calibration fold {fold}; the "
+                "threshold must be chosen on chips the prototypes were not made from"
+            )
+        ids: list[str] = []
+        for f in prototype_folds:
+            ids += select_chips(chips, f)[0]
+        selection = f"folds {', '.join(map(str, prototype_folds))} of {chips / 'splits.csv'}"
+    else:
+        ids = select_chips(chips, None)[0]
+        selection = f"all labelled chips of {chips}"
+    scored = scorer.score(chips, ids, views=1, batch_size=batch_size, progress=progress)
+    names = list(scorer.class_names)
+    protos, classes = class_prototypes(scored.z, scored.labels, len(names))
+    scores = ood_scores(threshold_scored.z, protos)
+    threshold = ood_threshold(scores, quantile)
+    return ood_block(
+        protos,
+        threshold,
+        [names[c] for c in classes],
+        quantile,
+        prototypes_from={
+            "chips": str(chips),
+            "folds": prototype_folds,
+            "selection": selection,
+            "n": {names[c]: int((scored.labels == c).sum()) for c in classes},
+        },
+        threshold_from={
+            "chips": str(chips),
+            "fold": fold,
+            "n": len(scores),
+            "flagged": round(float(np.mean(scores < threshold)), 6),
+        },
+    )
+
+
 def calibrate_model(
     model: str | Path,
     chips: str | Path,
@@ -54,8 +164,13 @@ def calibrate_model(
     fold: int | None = None,
     batch_size: int = 64,
     progress: bool = False,
+    ood: bool = True,
+    prototype_folds: list[int] | None = None,
+    ood_quantile: float = OOD_QUANTILE,
 ) -> dict[str, Any]:
-    """Fit a temperature to ``model`` on labelled chips and write the calibrated model to ``out``.
+    """Fit a temperature to ``model`` on labelled chips and write the calibrated model to ``out``;
+    also store the class prototypes and ``ood`` threshold (:func:`fit_ood`) unless ``ood`` is
+    False.
 
     Args:
         model: an ONNX model written by ``local-damage export``.
@@ -65,11 +180,15 @@ def calibrate_model(
         fold: fit on the chips of this fold of ``chips/splits.csv``; None: every labelled chip.
         batch_size: chip pairs per ONNX Runtime call.
         progress: show a progress bar.
+        ood: also store the ``ood`` block; False leaves a model's existing one as it is.
+        prototype_folds: folds the prototypes come from (see :func:`fit_ood`).
+        ood_quantile: fraction of the calibration chips the ``ood`` threshold flags.
 
     Returns:
-        The ``calibration`` block stored in the model (see
-        :func:`app.calibration.calibration_block`): ``temperature``, ``fitted_on`` (chips, fold,
-        selection, n), ``before`` and ``after`` (ECE, NLL, Brier score, accuracy on those chips).
+        ``{"calibration": block, "ood": block or None}``: the ``calibration`` block stored in
+        the model (see :func:`app.calibration.calibration_block`): ``temperature``,
+        ``fitted_on`` (chips, fold, selection, n), ``before`` and ``after`` (ECE, NLL, Brier
+        score, accuracy on those chips), and the ``ood`` block (:func:`app.flags.ood_block`).
 
     Raises:
         FileNotFoundError: no model file, no manifest in ``chips``, or ``fold`` given and no
@@ -80,6 +199,7 @@ def calibrate_model(
     """
     import onnx
 
+    from app import flags
     from app.calibration import METADATA_KEY, calibration_block, fit_temperature
     from app.predictor import Predictor, softmax
     from local_damage.evaluate import OnnxScorer, select_chips, warn_spec_mismatch
@@ -89,6 +209,8 @@ def calibrate_model(
     model, chips, out = Path(model), Path(chips), Path(out)
     if out.suffix != ".onnx":
         raise ValueError(f"{out}: the model file name must end in .onnx")
+    if not 0 < ood_quantile < 1:
+        raise ValueError(f"the ood quantile must lie in (0, 1), got {ood_quantile}")
     scorer = OnnxScorer(model)
     chip_ids, description, unlabelled = select_chips(chips, fold)
     warn_spec_mismatch(scorer, chips)
@@ -113,15 +235,22 @@ def calibrate_model(
         before=_rounded(calibration_metrics(softmax(scored.logits), labels)),
         after=_rounded(calibration_metrics(softmax(scored.logits / temperature), labels)),
     )
+    props: dict[str, Any] = {METADATA_KEY: block}
+    ood_block = None
+    if ood:
+        ood_block = fit_ood(
+            scorer, chips, scored, fold, prototype_folds, ood_quantile, batch_size, progress
+        )
+        props[flags.METADATA_KEY] = ood_block
     proto = onnx.load(str(model))
-    set_metadata(proto, {METADATA_KEY: block})
+    set_metadata(proto, props)
     save_onnx(proto, out)
     written = Predictor(out).temperature
     if written is None or abs(written - temperature) > 1e-9 * temperature:
         raise ValueError(
             f"{out}: the written model carries temperature {written}, not {temperature}"
         )
-    return block
+    return {"calibration": block, "ood": ood_block}
 
 
 def calibration_report(
@@ -152,6 +281,19 @@ def calibration_report(
         curves[label] = reliability_bins(scored.probabilities, scored.labels)
     block = {"temperature": temperature, "bins": ECE_BINS, "before": before, "after": after}
     return block, curves
+
+
+def format_ood(block: dict[str, Any] | None) -> str:
+    """The ``ood`` block in one line, for the terminal."""
+    if not block:
+        return "no ood prototypes stored (the model never flags ood)"
+    src, thr = block["prototypes_from"], block["threshold_from"]
+    n = ", ".join(f"{k} {v}" for k, v in src["n"].items())
+    return (
+        f"ood: {len(block['prototypes'])} class prototypes from {src['selection']} ({n}); "
+        f"threshold cos {block['threshold']:.4f} = the {block['quantile']:g} quantile of "
+        f"{thr['n']} calibration chips (flags {thr['flagged']:.2%} of them)"
+    )
 
 
 def format_block(block: dict[str, Any]) -> str:
@@ -187,7 +329,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "Temperature scaling: fit the temperature T that minimises the negative "
             "log-likelihood of labelled chips the model did not train on, and write a copy of the "
             "model with T in its `calibration` metadata. Scoring, the app and evaluate then give "
-            "softmax(logits / T) as the probabilities; grades do not change. Runs without torch."
+            "softmax(logits / T) as the probabilities; grades do not change. Also stores the "
+            "class prototypes of the training folds' embeddings and the threshold of the `ood` "
+            "abstain flag chosen on the same chips (`ood` metadata; docs/flags.md). Runs "
+            "without torch."
         ),
     )
     p.add_argument("--model", required=True, metavar="MODEL.onnx", help="model to calibrate")
@@ -208,7 +353,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
     )
-    p.add_argument("--json", action="store_true", help="print the calibration block as JSON")
+    p.add_argument(
+        "--prototype-folds",
+        metavar="LIST",
+        help="comma-separated folds whose labelled chips give the class prototypes of the ood "
+        "flag (the model's training folds); default: every fold but --fold",
+    )
+    p.add_argument(
+        "--ood-quantile",
+        type=float,
+        default=OOD_QUANTILE,
+        metavar="Q",
+        help=f"fraction of the --fold chips the ood threshold flags (default {OOD_QUANTILE:g})",
+    )
+    p.add_argument(
+        "--no-ood",
+        action="store_true",
+        help="store no class prototypes (an existing ood block is kept as it is)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the calibration and ood blocks as JSON"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -218,18 +383,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr)
         return 2
     try:
-        block = calibrate_model(
+        folds = (
+            [int(f) for f in args.prototype_folds.split(",") if f.strip()]
+            if args.prototype_folds
+            else None
+        )
+    except ValueError:
+        print(
+            f"error: --prototype-folds {args.prototype_folds!r}: give comma-separated fold "
+            "numbers, e.g. 0,2,4",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = calibrate_model(
             args.model,
             args.chips,
             args.out,
             fold=args.fold,
             batch_size=args.batch_size,
             progress=not args.quiet,
+            ood=not args.no_ood,
+            prototype_folds=folds,
+            ood_quantile=args.ood_quantile,
         )
     except (FileNotFoundError, ValueError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {message}", file=sys.stderr)
         return 2
-    print(json.dumps(block, indent=2) if args.json else format_block(block))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_block(result["calibration"]))
+        if not args.no_ood:
+            print(format_ood(result["ood"]))
     print(f"wrote {args.out}")
     return 0

@@ -25,6 +25,8 @@ change of validation macro-F1. The report is stored in the model (``parity``) an
 With ``calibrate_fold`` (``--calibrate-fold K``) the written model is then calibrated by
 :func:`local_damage.calibrate.calibrate_model` on fold ``K`` of the same chip store: a
 temperature in the ``calibration`` metadata prop that the predictor applies to the probabilities.
+It also gets the class prototypes of the other folds (except the run's ``--holdout`` fold) and the
+threshold of the ``ood`` abstain flag chosen on fold ``K``, in the ``ood`` metadata prop.
 """
 
 from __future__ import annotations
@@ -833,12 +835,20 @@ def export_run(
         if calibrate_fold is None:
             save_onnx(proto, out)
         else:  # calibrated from a staged copy, so a failed fit leaves nothing behind
-            from local_damage.calibrate import calibrate_model
+            from local_damage.calibrate import calibrate_model, store_folds
 
+            # prototypes of the ood flag: the training folds (not the held-out fold)
+            holdout = info.summary.get("holdout")
+            folds = [f for f in store_folds(store) if f not in (calibrate_fold, holdout)]
             staged = save_onnx(proto, Path(tmp) / "staged.onnx")
-            calibration = calibrate_model(staged, store, out, fold=calibrate_fold)
+            calibrated = calibrate_model(
+                staged, store, out, fold=calibrate_fold, prototype_folds=folds
+            )
+            calibration, ood = calibrated["calibration"], calibrated["ood"]
     write_json(out.with_suffix(".parity.json"), report)
-    return report if calibration is None else {**report, "calibration": calibration}
+    if calibration is None:
+        return report
+    return {**report, "calibration": calibration, "ood": ood}
 
 
 def format_report(report: Mapping[str, Any], out: str | os.PathLike) -> str:
@@ -866,9 +876,10 @@ def format_report(report: Mapping[str, Any], out: str | os.PathLike) -> str:
             f"{v['method']}"
         )
     if report.get("calibration"):
-        from local_damage.calibrate import format_block
+        from local_damage.calibrate import format_block, format_ood
 
         lines.append(format_block(report["calibration"]))
+        lines.append(format_ood(report.get("ood")))
     return "\n".join(lines)
 
 
