@@ -233,6 +233,15 @@ def ood_block(
     }
 
 
+def ood_summary(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``ood`` block of a model's metadata without its prototype vectors (for model cards),
+    or None when the model has none (it never flags ``ood``)."""
+    block = (metadata or {}).get(METADATA_KEY)
+    if not isinstance(block, Mapping):
+        return None
+    return {k: v for k, v in block.items() if k != "prototypes"}
+
+
 @dataclass(frozen=True)
 class OodCheck:
     """Class prototypes and the threshold under which an embedding is flagged ``ood``.

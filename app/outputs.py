@@ -7,7 +7,8 @@
   (nodata) elsewhere, rasterised one block at a time into a tiled GeoTIFF and then copied to
   the COG layout (internal overviews, nearest resampling), so memory stays bounded by the block.
 - Overlay: an RGB PNG of the post image, downsampled to at most :data:`OVERLAY_MAX_SIDE` pixels
-  on its long side, with footprints filled and outlined in their class colour and a legend.
+  on its long side, with footprints filled and outlined in their class colour, flagged buildings
+  (:mod:`app.flags`) outlined in magenta over their grade colour, and a legend.
 
 Every file is written under a temporary name next to its destination and renamed into place only
 when complete (:func:`data_prep.store.atomic_path`).
@@ -49,6 +50,11 @@ CLASS_COLOURS: tuple[tuple[int, int, int], ...] = (
 )
 #: Outline colour of buildings without a score (not covered or skipped).
 UNSCORED_COLOUR = (170, 170, 170)
+#: Outline colour of flagged buildings (an abstain flag says the grade should be checked); their
+#: fill keeps the grade colour.
+FLAGGED_COLOUR = (230, 0, 230)  # magenta
+#: Legend label of flagged buildings.
+FLAGGED_LABEL = "flagged: check"
 
 
 class OutputError(ValueError):
@@ -323,6 +329,7 @@ def write_overlay(
     class_ids: np.ndarray,
     scale: tuple[float, float],
     class_names: Sequence[str],
+    flagged: np.ndarray | None = None,
 ) -> Path:
     """Draw footprints in class colours over an image, add a legend, write a PNG atomically.
 
@@ -333,6 +340,8 @@ def write_overlay(
         class_ids: [N] class id, negative for buildings without a score (grey outline only).
         scale: (sx, sy) from full-resolution grid pixels to ``image`` pixels.
         class_names: names for the legend, in class-id order.
+        flagged: [N] bool, buildings with an abstain flag: a thicker :data:`FLAGGED_COLOUR`
+            outline over the grade fill, and a legend entry (None: no flags shown).
 
     Returns:
         The written path.
@@ -348,7 +357,9 @@ def write_overlay(
     sx, sy = scale
     shift = 4  # sub-pixel vertex precision for OpenCV drawing (1/16 px)
     outlines: list[tuple[list[np.ndarray], tuple[int, int, int]]] = []
-    for geom, cid in zip(pixel_geometries, np.asarray(class_ids), strict=True):
+    marked: list[list[np.ndarray]] = []
+    flags = np.zeros(len(class_ids), bool) if flagged is None else np.asarray(flagged, bool)
+    for geom, cid, flag in zip(pixel_geometries, np.asarray(class_ids), flags, strict=True):
         if geom is None or geom.is_empty:
             continue
         rings = []
@@ -363,11 +374,17 @@ def write_overlay(
         if cid >= 0:
             cv2.fillPoly(fill, rings, colour, lineType=cv2.LINE_AA, shift=shift)
         outlines.append((rings, colour))
+        if flag:
+            marked.append(rings)
     canvas = cv2.addWeighted(fill, 0.45, canvas, 0.55, 0.0)
     thickness = 1 if max(canvas.shape[:2]) < 1200 else 2
     for rings, colour in outlines:
         cv2.polylines(canvas, rings, True, colour, thickness, lineType=cv2.LINE_AA, shift=shift)
-    canvas = _legend(canvas, class_names)
+    for rings in marked:
+        cv2.polylines(
+            canvas, rings, True, FLAGGED_COLOUR, thickness + 1, lineType=cv2.LINE_AA, shift=shift
+        )
+    canvas = _legend(canvas, class_names, flags=flagged is not None)
     with atomic_path(path, suffix=".png") as tmp:
         ok, encoded = cv2.imencode(".png", cv2.cvtColor(canvas, cv2.COLOR_RGB2BGR))
         if not ok:
@@ -376,14 +393,17 @@ def write_overlay(
     return path
 
 
-def _legend(canvas: np.ndarray, class_names: Sequence[str]) -> np.ndarray:
-    """The canvas with a legend band below it: one colour swatch and name per class."""
+def _legend(canvas: np.ndarray, class_names: Sequence[str], flags: bool = False) -> np.ndarray:
+    """The canvas with a legend band below it: one colour swatch and name per class, not scored,
+    and (with ``flags``) the outline of flagged buildings."""
     import cv2
 
     entries = [
         (name, CLASS_COLOURS[k]) for k, name in enumerate(class_names) if k < len(CLASS_COLOURS)
     ]
     entries.append(("not scored", UNSCORED_COLOUR))
+    if flags:
+        entries.append((FLAGGED_LABEL, FLAGGED_COLOUR))
     height, width = canvas.shape[:2]
     font_scale = 0.45 if width < 1200 else 0.8
     line = int(round(24 * font_scale / 0.45))

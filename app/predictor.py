@@ -295,8 +295,11 @@ class Predictor:
 
     def card(self) -> dict[str, Any]:
         """What a model picker shows: name, classes, training data, validation and held-out test
-        metrics, calibration, licence, chip spec, input size, precision, parity, and the
+        metrics, calibration, the ``ood`` flag's threshold and where it came from (None: the
+        model never flags ``ood``), licence, chip spec, input size, precision, parity, and the
         providers in use."""
+        from app.flags import ood_summary
+
         md = self.metadata
         config = md.get("config") or {}
         model_cfg = config.get("model", {}) if isinstance(config, dict) else {}
@@ -316,6 +319,7 @@ class Predictor:
             "validation_metrics": md.get("validation_metrics"),
             "test_metrics": md.get("test_metrics"),
             "calibration": md.get("calibration"),
+            "ood": ood_summary(md),
             "license": md.get("license"),
             "parity": md.get("parity"),
             "created_by": md.get("created_by"),

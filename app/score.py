@@ -476,7 +476,13 @@ def _scene_outputs(
         w, h = overlay_size(grid.width, grid.height)
         image = mosaic_preview(scene.post, grid, w, h)
         write_overlay(
-            overlay, image, pixel, scores.class_id, (w / grid.width, h / grid.height), class_names
+            overlay,
+            image,
+            pixel,
+            scores.class_id,
+            (w / grid.width, h / grid.height),
+            class_names,
+            flagged=scores.flags != "",
         )
         report.outputs["overlay"] = str(overlay)
 
@@ -721,7 +727,13 @@ def score_xbd(
                 else cv2.resize(post_img, (w, h), interpolation=cv2.INTER_AREA)
             )
             write_overlay(
-                overlay, image, pixel, scores.class_id, (w / width, h / height), class_names
+                overlay,
+                image,
+                pixel,
+                scores.class_id,
+                (w / width, h / height),
+                class_names,
+                flagged=scores.flags != "",
             )
             report.outputs["overlay"] = str(overlay)
 

@@ -182,6 +182,7 @@ class TileResult:
             placed on Earth).
         csv: the building table as CSV.
         rows: one dict per building: ``#``, ``uid``, ``damage``, ``confidence``, ``p_<class>``,
+            ``flags`` (abstain flags, ``;``-joined, empty when none; :mod:`app.flags`),
             ``status``.
         counts: scored buildings per class name.
         seconds: wall time of the assessment.
@@ -218,6 +219,9 @@ class TileResult:
         lines += [f"| {name} | {self.counts.get(name, 0)} |" for name in self.class_names]
         if scored < self.buildings:
             lines += [f"| not scored | {self.buildings - scored} |"]
+        flagged = sum(1 for row in self.rows if row.get("flags"))
+        if flagged:
+            lines += [f"| flagged: check (see the flags column) | {flagged} |"]
         return "\n".join(lines)
 
 
@@ -241,6 +245,8 @@ def _table_rows(vector: Path, class_names: tuple[str, ...]) -> list[dict[str, An
         }
         for p in probs:
             row[p] = round(float(columns[p][i]), 4) if scored else None
+        flags = columns.get("flags")
+        row["flags"] = "" if flags is None or flags[i] is None else str(flags[i])
         row["status"] = str(columns["status"][i])
         rows.append(row)
     return rows
@@ -774,7 +780,20 @@ def card_markdown(predictor: Predictor) -> str:
             + (", F1 " + ", ".join(f"{k} {_text(v)}" for k, v in f1.items()) if f1 else "")
         )
     lines.append(f"- calibration: {_calibration_text(card.get('calibration'))}")
+    lines.append(f"- ood flag: {_ood_text(card.get('ood'))}")
     return "\n".join(lines)
+
+
+def _ood_text(block: Any) -> str:
+    if not isinstance(block, dict) or block.get("threshold") is None:
+        return "off: the model carries no class prototypes (add them with `local-damage calibrate`)"
+    src, thr = block.get("prototypes_from") or {}, block.get("threshold_from") or {}
+    return (
+        f"on, when the largest cosine to a class prototype is below "
+        f"{_text(float(block['threshold']))} (prototypes from {src.get('selection', '?')}; "
+        f"threshold flags {_text(thr.get('flagged'))} of {thr.get('n', '?')} buildings of fold "
+        f"{thr.get('fold', '?')})"
+    )
 
 
 def _calibration_text(block: Any) -> str:
@@ -1063,7 +1082,7 @@ def build_app(
             table_out = gr.Dataframe(
                 headers=["#", "uid", "damage", "confidence"]
                 + probability_columns(class_names)
-                + ["status"],
+                + ["flags", "status"],
                 label="Buildings (click a row for its chips; click a header to sort)",
                 interactive=False,
                 elem_id="buildings",
