@@ -315,6 +315,7 @@ def score_batch(
     block_size: int = BLOCK_SIZE,
     progress: bool = True,
     max_pixels: int | None = None,
+    align: str = "auto",
 ) -> BatchReport:
     """Score many scenes with one loaded model, one set of outputs per scene.
 
@@ -338,6 +339,8 @@ def score_batch(
         progress: show progress bars over scenes and buildings.
         max_pixels: pixel limit per internal block and per read window (default
             :func:`data_prep.quality.max_pixels`).
+        align: post-to-pre alignment of every scene, ``auto`` or ``off`` (see
+            :func:`app.score.score_scene`); each scene's report records its shift.
 
     Returns:
         The batch report; it is also written to :func:`summary_path` and printed by the CLI.
@@ -378,6 +381,7 @@ def score_batch(
                 name=job.name,
                 progress=progress,
                 max_pixels=max_pixels,
+                align=align,
             )
         except (SceneError, OutputError, OSError) as exc:
             entry.update(status="failed", error=str(exc))

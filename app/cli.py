@@ -7,7 +7,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
-from data_prep.cli import max_pixels_argument, resolve_max_pixels
+from data_prep.cli import align_argument, max_pixels_argument, resolve_max_pixels
 
 #: Default chips per inference batch.
 BATCH_SIZE = 32
@@ -45,6 +45,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     max_pixels_argument(parser)
+    align_argument(parser)
 
 
 def _load_model(path: str | None):
@@ -98,7 +99,13 @@ def _run_score(args: argparse.Namespace) -> int:
     try:
         if args.labels:
             report = score_xbd(
-                predictor, args.pre[0], args.post[0], args.labels, args.out, **common
+                predictor,
+                args.pre[0],
+                args.post[0],
+                args.labels,
+                args.out,
+                align=args.align,
+                **common,
             )
         else:
             report = score_scene(
@@ -108,6 +115,7 @@ def _run_score(args: argparse.Namespace) -> int:
                 args.buildings,
                 args.out,
                 block_size=args.block_size,
+                align=args.align,
                 **common,
             )
     except errors as exc:
@@ -175,6 +183,7 @@ def _run_score_batch(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             progress=not args.quiet,
             max_pixels=max_pixels,
+            align=args.align,
         )
     print(report.summary(), file=sys.stderr)
     print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)

@@ -16,11 +16,12 @@ when complete (:func:`data_prep.store.atomic_path`).
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -83,6 +84,7 @@ def write_vector(
     masks: Mapping[str, np.ndarray] | None = None,
     layer: str | None = None,
     metadata: Mapping[str, str] | None = None,
+    collection_members: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write building features atomically as GeoJSON or GeoPackage (chosen by the suffix).
 
@@ -96,6 +98,8 @@ def write_vector(
         masks: attribute name -> [N] bool, True where the value is null.
         layer: layer name (default: the file stem).
         metadata: GeoPackage layer metadata (ignored by GeoJSON).
+        collection_members: GeoJSON only: extra JSON members of the FeatureCollection
+            (e.g. ``local_damage_alignment``), as GDAL's ``FOREIGN_MEMBERS_COLLECTION`` writes them.
 
     Returns:
         The written path.
@@ -119,6 +123,9 @@ def write_vector(
     options: dict = {}
     if fmt == "geojson":
         options["layer_options"] = {"RFC7946": "YES", "WRITE_NAME": "NO"}
+        if collection_members:
+            members = json.dumps(dict(collection_members), sort_keys=True, allow_nan=False)
+            options["layer_options"]["FOREIGN_MEMBERS_COLLECTION"] = members
         crs = "OGC:CRS84"
     elif metadata:
         options["layer_metadata"] = {str(k): str(v) for k, v in metadata.items()}
@@ -294,7 +301,12 @@ def mosaic_preview(mosaic, grid, width: int, height: int) -> np.ndarray:
     from rasterio.errors import RasterioError
     from rasterio.warp import reproject
 
-    transform = grid.transform @ Affine.scale(grid.width / width, grid.height / height)
+    dx, dy = getattr(mosaic, "offset", (0.0, 0.0))  # a corrected post-to-pre shift
+    transform = (
+        grid.transform
+        @ Affine.translation(dx, dy)
+        @ Affine.scale(grid.width / width, grid.height / height)
+    )
     rgb = np.zeros((height, width, 3), dtype=np.uint8)
     filled = np.zeros((height, width), dtype=bool)
     for tile in mosaic.tiles:

@@ -93,6 +93,8 @@ class ScoreReport:
         skipped: buildings and tiles left out, with the reason.
         outputs: kind (``vector``, ``raster``, ``overlay``) -> path written.
         seconds: wall time of the whole scene (chips, inference and writing).
+        alignment: the post-to-pre shift measured and whether it was corrected
+            (:meth:`data_prep.alignment.SceneShift.to_dict`).
     """
 
     scene: str
@@ -103,6 +105,8 @@ class ScoreReport:
     skipped: list[Skipped] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    alignment: dict | None = None
+    alignment_text: str = ""
 
     @property
     def scored(self) -> int:
@@ -124,6 +128,7 @@ class ScoreReport:
             "seconds": round(self.seconds, 3),
             "buildings_per_second": round(self.buildings_per_second, 2),
             "scored_per_second": round(self.scored / self.seconds if self.seconds > 0 else 0.0, 2),
+            "alignment": self.alignment,
         }
 
     def summary(self) -> str:
@@ -133,6 +138,8 @@ class ScoreReport:
             f"{self.scored / self.seconds if self.seconds > 0 else 0.0:.1f} scored/s)",
             "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
         ]
+        if self.alignment_text:
+            lines.append(self.alignment_text)
         if self.not_covered:
             lines.append(f"not covered by both pre and post imagery: {self.not_covered}")
         if self.skipped:
@@ -279,12 +286,19 @@ def _all_or_nothing(report: ScoreReport):
         raise
 
 
-def _model_metadata(predictor: Predictor) -> dict[str, str]:
+#: Output metadata key (GeoPackage layer metadata, GeoJSON collection member) of the alignment.
+ALIGNMENT_KEY = "local_damage_alignment"
+
+
+def _model_metadata(predictor: Predictor, report: ScoreReport | None = None) -> dict[str, str]:
     try:
         card = predictor.card()
     except Exception:  # the card is informative only
         card = {}
-    return {"local_damage_model": json.dumps(card, default=str, sort_keys=True)}
+    out = {"local_damage_model": json.dumps(card, default=str, sort_keys=True)}
+    if report is not None and report.alignment is not None:
+        out[ALIGNMENT_KEY] = json.dumps(report.alignment, sort_keys=True)
+    return out
 
 
 # --------------------------------------------------------------------------- scene mode
@@ -358,8 +372,14 @@ def score_scene(
     name: str | None = None,
     progress: bool = True,
     max_pixels: int | None = None,
+    align: str = "auto",
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
+
+    Before any chip is cut, the post-to-pre shift of the scene is measured and, when it is
+    confident and longer than a pixel, corrected (:func:`data_prep.alignment.align_scene`); the
+    report and the output metadata (GeoPackage layer metadata / GeoJSON collection member
+    ``local_damage_alignment``) record it.
 
     Args:
         predictor: the loaded ONNX model (its chip spec decides how chips are cut).
@@ -376,20 +396,22 @@ def score_scene(
         progress: show a progress bar over buildings.
         max_pixels: pixel limit per internal block and per read window (default
             :func:`data_prep.quality.max_pixels`).
+        align: ``auto`` (measure the post-to-pre shift, correct it when confident) or ``off``.
 
     Returns:
-        The report (per-class counts, not covered, skipped, outputs, time).
+        The report (per-class counts, not covered, skipped, outputs, time, alignment).
 
     Raises:
         SceneError: no usable pre or post tile, pre and post without overlap, an unreadable or
             empty footprint file, or footprints outside the imagery (nothing is written).
         OutputError: an output path with an unusable suffix (checked before any work).
     """
+    from data_prep.alignment import align_scene
     from data_prep.footprints import load_footprints
     from data_prep.mosaic import open_scene
     from data_prep.scene import NOT_COVERED as CUT_NOT_COVERED
     from data_prep.scene import SKIPPED as CUT_SKIPPED
-    from data_prep.scene import check_overlap, iter_building_chips
+    from data_prep.scene import check_overlap, iter_building_chips, pixel_centroids
 
     start = time.perf_counter()
     fmt = check_outputs(out, raster, overlay)
@@ -399,6 +421,8 @@ def score_scene(
     with bounded_gdal_cache(), open_scene(pre, post, max_pixels) as scene:
         footprints = load_footprints(buildings, scene.grid.crs)
         check_overlap(footprints, scene)
+        shift = align_scene(scene, pixel_centroids(scene.grid, footprints), align)
+        report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
         table = _read_features(buildings)
         n = len(table.geometries)
         report.buildings = n
@@ -509,7 +533,10 @@ def _write_features(out, geometries, crs, attributes, attr_masks, scores, report
         {**attrs, **score_cols},
         masks,
         layer=name,
-        metadata=_model_metadata(predictor),
+        metadata=_model_metadata(predictor, report),
+        collection_members=(
+            {ALIGNMENT_KEY: report.alignment} if report.alignment is not None else None
+        ),
     )
     report.outputs["vector"] = str(out)
 
@@ -574,8 +601,12 @@ def score_xbd(
     name: str | None = None,
     progress: bool = True,
     max_pixels: int | None = None,
+    align: str = "auto",
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
+
+    The post image's shift against the pre image is measured and, when confident and longer
+    than a pixel, corrected before chips are cut (:func:`data_prep.alignment.align_images`).
 
     Buildings come from the label's ``features.xy`` pixel polygons (parsed by
     :func:`data_prep.xbd.parse_buildings`; damage subtypes, if any, are ignored and carried over
@@ -599,6 +630,7 @@ def score_xbd(
         progress: show a progress bar over buildings.
         max_pixels: pixel limit per image, checked before decoding (default
             :func:`data_prep.quality.max_pixels`).
+        align: ``auto`` (measure and correct the post-to-pre shift) or ``off``.
 
     Returns:
         The report.
@@ -652,6 +684,16 @@ def score_xbd(
         )
     height, width = pre_img.shape[:2]
     crs, transform = _image_georef(pre)
+    from data_prep.alignment import align_images
+
+    post_img, shift = align_images(
+        pre_img,
+        post_img,
+        align,
+        res=abs(transform.a) if crs is not None else 1.0,
+        units=(crs.linear_units or "units") if crs is not None else "pixel",
+    )
+    report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
 
     n = len(features)
     report.buildings = n

@@ -49,6 +49,21 @@ def _pixel_count(text: str) -> int:
     return value
 
 
+def align_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--align`` (shared by `prepare scene`, `score` and `score-batch`)."""
+    from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
+
+    parser.add_argument(
+        "--align",
+        choices=ALIGN_MODES,
+        default=AUTO,
+        help="auto (default): measure the post-to-pre shift (phase correlation in blocks of the "
+        f"pre grid) and, when it is confident and longer than {MIN_CORRECT_PX:g} px, correct the "
+        "post imagery before chips are cut; the shift is reported either way. off: use the post "
+        "imagery as given",
+    )
+
+
 def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = None) -> None:
     """Add ``--max-pixels`` (shared by `prepare`, `score`, `score-batch` and `app`)."""
     from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV
@@ -120,6 +135,7 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
         label_field=args.label_field,
         event=args.event,
         max_pixels=max_pixels,
+        align=args.align,
     )
     return _finish(report, args.strict)
 
@@ -214,6 +230,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     scene.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     _spec_arguments(scene)
     max_pixels_argument(scene)
+    align_argument(scene)
     scene.set_defaults(func=_run_prepare_scene)
 
     split = sub.add_parser(

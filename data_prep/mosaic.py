@@ -320,7 +320,8 @@ class Mosaic:
         name: "pre" or "post", used in messages.
         grid: the target grid.
         tiles: the tiles in order of precedence (earlier wins where they overlap).
-        coverage: union of the tile footprints in the grid CRS.
+        coverage: union of the tile footprints in the grid CRS (moved with :attr:`offset`).
+        offset: ``(dx, dy)`` grid pixels the tiles are read shifted by (:meth:`set_offset`).
         skipped: tiles dropped after a read failure, with the reason.
     """
 
@@ -352,6 +353,24 @@ class Mosaic:
             merged = shapely.segmentize(merged, max(maxx - minx, maxy - miny) / 256.0)
             parts.append(reproject_geometries(np.array([merged], dtype=object), crs, grid.crs)[0])
         self.coverage = shapely.make_valid(shapely.union_all(parts)) if parts else shapely.Polygon()
+        self._georeferenced_coverage = self.coverage
+        self.offset = (0.0, 0.0)
+
+    def set_offset(self, dx: float, dy: float) -> None:
+        """Read the tiles as if their georeferencing were moved by ``(-dx, -dy)`` grid pixels.
+
+        After this, what the tiles place at grid pixel ``(x + dx, y + dy)`` is read at ``(x, y)``:
+        the correction of a measured post-to-pre shift (:mod:`data_prep.alignment`). Applied in
+        the warp of every read (sub-pixel, one resampling), and to :attr:`coverage`.
+        """
+        import shapely
+
+        t = self.grid.transform
+        self.offset = (float(dx), float(dy))
+        xoff, yoff = -(dx * t.a + dy * t.b), -(dx * t.d + dy * t.e)
+        self.coverage = shapely.transform(
+            self._georeferenced_coverage, lambda xy: xy + np.array([xoff, yoff])
+        )
 
     @property
     def paths(self) -> list[str]:
@@ -382,7 +401,13 @@ class Mosaic:
         if problem:
             raise SceneError(f"{self.name} imagery ({', '.join(self.paths)})", problem)
 
-        transform = self.grid.window_transform(col_off, row_off)
+        dx, dy = self.offset
+        if dx or dy:
+            from affine import Affine
+
+            transform = self.grid.window_transform(col_off, row_off) @ Affine.translation(dx, dy)
+        else:
+            transform = self.grid.window_transform(col_off, row_off)
         x0, y1 = transform.c, transform.f
         x1, y0 = transform @ (width, height)
         window_box = shapely.box(min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1))

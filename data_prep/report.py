@@ -30,6 +30,9 @@ class PrepareReport:
     excluded_unclassified: int = 0
     not_covered: int = 0
     skipped: list[Skipped] = field(default_factory=list)
+    #: A scene's post-to-pre shift (:meth:`data_prep.alignment.SceneShift.to_dict`) and its line.
+    alignment: dict | None = None
+    alignment_text: str = ""
 
     def add_chip(self, event: str, label: int) -> None:
         self.chips += 1
@@ -52,7 +55,7 @@ class PrepareReport:
         self.skipped.extend(other.skipped)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "chips": self.chips,
             "per_class": {name: self.per_class.get(name, 0) for name in CLASS_NAMES},
             "per_event": dict(sorted(self.per_event.items())),
@@ -61,6 +64,9 @@ class PrepareReport:
             "not_covered": self.not_covered,
             "skipped": [{"item": s.item, "reason": s.reason} for s in self.skipped],
         }
+        if self.alignment is not None:
+            out["alignment"] = self.alignment
+        return out
 
     def summary(self) -> str:
         lines = [f"chips written: {self.chips}"]
@@ -77,6 +83,8 @@ class PrepareReport:
             lines.append(
                 f"un-classified buildings excluded: {self.excluded_unclassified} (use --include-unclassified to keep them unlabelled)"
             )
+        if self.alignment_text:
+            lines.append(self.alignment_text)
         if self.not_covered:
             lines.append(f"buildings not covered by both pre and post imagery: {self.not_covered}")
         if self.skipped:

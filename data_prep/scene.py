@@ -1,9 +1,11 @@
 """Per-building chip pairs from a georeferenced scene: `local-damage prepare scene`.
 
-Pre and post tiles are mosaicked virtually on the pre grid (:mod:`data_prep.mosaic`), footprints
-are reprojected onto it (:mod:`data_prep.footprints`), and buildings are cut in spatial blocks:
-the buildings whose centroid falls in one ``block_size`` square of the grid share one windowed
-read of pre and post, so memory stays bounded by the block and the whole scene is never loaded.
+Pre and post tiles are mosaicked virtually on the pre grid (:mod:`data_prep.mosaic`), the post
+imagery is shifted onto the pre imagery when their georeferencing disagrees by more than a pixel
+(:mod:`data_prep.alignment`, ``--align``), footprints are reprojected onto the grid
+(:mod:`data_prep.footprints`), and buildings are cut in spatial blocks: the buildings whose
+centroid falls in one ``block_size`` square of the grid share one windowed read of pre and post,
+so memory stays bounded by the block and the whole scene is never loaded.
 
 A building is chipped only when its footprint lies entirely inside valid data of both mosaics
 (inside the tiles, and every footprint pixel free of nodata, masks and zero alpha); otherwise it
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.alignment import AUTO, align_scene
 from data_prep.footprints import Footprints, load_footprints
 from data_prep.mosaic import Scene, SceneError, open_scene
 from data_prep.quality import blank_reason, pixel_limit_problem
@@ -240,6 +243,16 @@ def footprint_valid(pixel_geometry, valid: np.ndarray, col_off: int, row_off: in
     return bool(valid[y0:y1, x0:x1][mask].all())
 
 
+def pixel_centroids(grid, footprints: Footprints) -> np.ndarray:
+    """``[N, 2]`` footprint centroids in the grid's pixels (x = column, y = row)."""
+    import shapely
+
+    if not len(footprints):
+        return np.zeros((0, 2))
+    c = shapely.centroid(grid.to_pixels(footprints.geometries))
+    return np.column_stack([shapely.get_x(c), shapely.get_y(c)])
+
+
 def check_overlap(footprints: Footprints, scene: Scene) -> None:
     """Raise a clear error when no footprint touches the area covered by both pre and post.
 
@@ -310,6 +323,7 @@ def prepare_scene(
     shard_size: int = SHARD_SIZE,
     progress: bool = True,
     max_pixels: int | None = None,
+    align: str = AUTO,
 ) -> PrepareReport:
     """Cut the chip pairs of every building of a scene into the chip store ``out``.
 
@@ -332,6 +346,9 @@ def prepare_scene(
         progress: show a progress bar over buildings.
         max_pixels: pixel limit per internal block and per read window (default
             :func:`data_prep.quality.max_pixels`); a large tile read in windows is not refused.
+        align: ``auto``: measure the post-to-pre shift and correct it before chips are cut when
+            it is confident and longer than a pixel (:func:`data_prep.alignment.align_scene`);
+            ``off``: use the post imagery as georeferenced. Recorded in the report and store.json.
 
     Returns:
         The report: chips per class, buildings not covered, items skipped with the reason.
@@ -356,6 +373,8 @@ def prepare_scene(
             report.skip(exc.item, exc.reason)
             return report
         report.skipped.extend(footprints.skipped)
+        shift = align_scene(scene, pixel_centroids(scene.grid, footprints), align)
+        report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
 
         writer = _ShardWriter(out, name, shard_size)
         rows: list[tuple[int, dict]] = []
@@ -403,6 +422,7 @@ def prepare_scene(
             "radiometry": scene.radiometry(),
             "crs": scene.grid.crs.to_string(),
             "grid": scene.grid.to_dict(),
+            "alignment": report.alignment,
             "report": report.to_dict(),
         }
         if rows:  # no chip (all blank, not covered or skipped): the store is left untouched
