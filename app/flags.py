@@ -10,7 +10,8 @@ A flag does not withhold the grade (except ``blank``): the building is still sco
 - ``haze``: the post chip is brighter than the pre chip and its local contrast has collapsed
   relative to the pre chip's (:func:`sky_flag`).
 - ``misaligned``: the residual pre/post shift of the chip pair, in pixels, measured by the
-  alignment check, exceeds :data:`MISALIGNED_PX` (only when a shift is given).
+  alignment check (:func:`data_prep.alignment.residual_shift`, after the scene's own shift is
+  corrected), exceeds :data:`MISALIGNED_PX`.
 - ``ood``: the building's embedding is far from every class prototype: its largest cosine
   similarity to the prototypes stored in the model's ``ood`` metadata prop is below the stored
   threshold (:class:`OodCheck`). A model without that prop never flags ``ood``.
@@ -28,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.alignment import residual_shift
+
 #: Every flag name, in the order they are written.
 FLAGS = ("blank", "cloud", "haze", "misaligned", "ood")
 BLANK, CLOUD, HAZE, MISALIGNED, OOD = FLAGS
@@ -44,8 +47,9 @@ OOD_METHOD = "largest cosine similarity of the embedding to a class prototype"
 MISALIGNED_PX = 3.0
 #: The residual-shift measurement every :class:`Flagger` uses by default:
 #: ``(pre, post) -> shift in chip pixels, or None when it cannot be measured``; None: no
-#: ``misaligned`` flag. The alignment check of ``data_prep`` plugs in here.
-MEASURE_SHIFT: Callable[[np.ndarray, np.ndarray], float | None] | None = None
+#: ``misaligned`` flag. The alignment check of ``data_prep``
+#: (:func:`data_prep.alignment.residual_shift`).
+MEASURE_SHIFT: Callable[[np.ndarray, np.ndarray], float | None] | None = residual_shift
 
 #: Luminance (0-255) above which a post pixel counts as bright.
 CLOUD_BRIGHT = 170.0

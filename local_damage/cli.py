@@ -14,7 +14,7 @@ from local_damage import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app import bench_flags
+    from app import bench_alignment, bench_flags
     from app import cli as app_cli
     from data_prep import cli as data_prep_cli
     from local_damage import (
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_train.add_parser(bench_sub)
     bench_infer.add_parser(bench_sub)
     bench_flags.add_parser(bench_sub)
+    bench_alignment.add_parser(bench_sub)
     return parser
 
 

@@ -195,3 +195,20 @@ def test_joplin_post_moved_through_its_transform(tmp_path):
 
     layer_meta = pyogrio.read_info(tmp_path / "moved.gpkg")["layer_metadata"]
     assert json.loads(layer_meta["local_damage_alignment"])["applied"] is True
+
+
+@pytest.mark.realdata
+def test_bench_alignment_on_the_bundled_chip_store():
+    from app.bench_alignment import bench_alignment, format_result
+    from tests.conftest import REPO
+
+    shared_data("xbd_sample")
+    chips = REPO / "work" / "default-model" / "chips"
+    if not (chips / "manifest.csv").is_file():
+        pytest.skip(f"{chips} not present (make default-chips)")
+    result = bench_alignment(chips, fold=1, shifts=(4.0, 16.0))
+    assert result["n"] > 100 and len(result["tiles"]) >= 2
+    assert 0 <= result["false_alarms"]["corrected"] <= 1
+    detected = [c["detected"] for c in result["cases"]]
+    assert detected[1] > detected[0] > result["false_alarms"]["corrected"]
+    assert "false alarms" in format_result(result)
