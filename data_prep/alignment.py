@@ -399,6 +399,9 @@ def estimate_scene_shift(
         block: block side in grid pixels.
         max_blocks: most blocks read.
     """
+    # a block is one read window: keep it inside the scene's pixel limit (the guard against
+    # oversized reads refuses anything larger)
+    block = max(1, min(block, math.isqrt(scene.max_pixels)))
     out = combine_blocks(_measure_blocks(scene, choose_blocks(scene, centroids, block, max_blocks)))
     out.res = scene.grid.res
     out.units = _linear_units(scene.grid.crs)

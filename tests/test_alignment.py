@@ -120,7 +120,7 @@ def _shifted_copies(src_paths, out_dir, cols: float, rows: float):
     for path in src_paths:
         with rasterio.open(path) as src:
             profile, data = src.profile, src.read()
-            profile["transform"] = src.transform * Affine.translation(cols, rows)
+            profile["transform"] = src.transform @ Affine.translation(cols, rows)
         dst_path = out_dir / path.name
         with rasterio.open(dst_path, "w", **profile) as dst:
             dst.write(data)
