@@ -74,6 +74,29 @@ def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     assert on_disk["best_val_macro_f1"] == pytest.approx(metrics["val_macro_f1"].max())
 
 
+def test_keep_last_evaluates_the_last_epoch_not_the_best(chips, tmp_path):
+    # With a zero learning rate every epoch validates the same: "best" keeps the first epoch
+    # (no strict improvement after it), "last" the final one, as a run without validation would.
+    runs = {}
+    for keep in ("best", "last"):
+        run = tmp_path / keep
+        runs[keep] = train(
+            tiny("train.epochs=3", "optim.lr=0.0", f"train.keep={keep}"),
+            chips,
+            run,
+            fold=0,
+            progress=False,
+        )
+    assert runs["best"]["best_epoch"] == 0
+    assert runs["last"]["best_epoch"] == 2
+    best = load_file(tmp_path / "last" / "best.safetensors")
+    last = load_file(tmp_path / "last" / "checkpoints" / "last" / "model.safetensors")
+    assert best.keys() == last.keys()
+    assert all(torch.equal(best[k], last[k]) for k in best)
+    with pytest.raises(ValueError, match="train.keep"):
+        tiny("train.keep=first")
+
+
 def test_holdout_chips_are_left_out_of_training(chips, tmp_path, capsys):
     from data_prep.split import load_splits
     from local_damage.cli import main

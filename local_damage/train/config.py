@@ -77,6 +77,9 @@ class TrainConfig:
         freeze_encoder_epochs: keep the encoder frozen for the first epochs (fine-tuning with --init).
         max_steps_per_epoch: cap on steps per epoch (0 = the whole training set).
         eval_batch_size: batch size for validation.
+        keep: which weights become ``best.safetensors`` when there is a validation fold: "best"
+            (the epoch of highest validation macro-F1) or "last" (the last epoch, as without
+            validation, so that a fold can be evaluated without selecting on it).
     """
 
     epochs: int = 20
@@ -89,8 +92,11 @@ class TrainConfig:
     freeze_encoder_epochs: int = 0
     max_steps_per_epoch: int = 0
     eval_batch_size: int = 64
+    keep: str = "best"
 
     def __post_init__(self) -> None:
+        if self.keep not in ("best", "last"):
+            raise ValueError(f"train.keep must be best or last, got {self.keep!r}")
         if self.amp not in ("auto", "bf16", "fp16", "off"):
             raise ValueError(f"train.amp must be auto, bf16, fp16 or off, got {self.amp!r}")
         if self.batch_size < 2:

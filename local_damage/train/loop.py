@@ -357,7 +357,7 @@ def train(
             ys, preds, _ = predict_loader(model, val_loader, device, cfg.train.amp)
             metrics = classification_metrics(ys, preds, CLASS_NAMES[:num_classes])
             row["val_accuracy"], row["val_macro_f1"] = metrics["accuracy"], metrics["macro_f1"]
-            improved = metrics["macro_f1"] > best_score
+            improved = metrics["macro_f1"] > best_score or cfg.train.keep == "last"
         score = row.get("val_macro_f1", float(epoch))
         if dist_info.is_main:
             if improved:
