@@ -484,6 +484,15 @@ def cross_validate(
             check_run_config(out / name / f"fold{fold}", cfg)
             check_run_holdout(out / name / f"fold{fold}", holdout)
 
+    for name, cfg in zip(labels, loaded, strict=True):
+        if cfg.train.keep == "best":
+            print(
+                f"[{name}] train.keep=best: each fold is evaluated with the epoch of best macro-F1 "
+                "on that same fold, an optimistic estimate; --set train.keep=last evaluates the "
+                "last epoch (and --set train.patience=0 stops no run early on its fold)",
+                file=sys.stderr,
+            )
+
     methods, failed = [], []
     for name, path, cfg in zip(labels, configs, loaded, strict=True):
         fold_metrics: dict[str, dict] = {}

@@ -472,6 +472,7 @@ def evaluate(
         )
     metrics = classification_metrics(scored.labels, scored.predictions, names)
     metrics["calibration"], reliability = calibration_report(scored, scorer.temperature)
+    metrics["per_event"] = per_event_metrics(chips, scored, names)
     z, valid = unit_rows(scored.z)
     z2 = None
     if views == 2 and scored.z_view2 is not None:
@@ -544,6 +545,40 @@ def unit_rows(x: np.ndarray, min_norm: float = 0.5) -> tuple[np.ndarray, np.ndar
     unit = np.zeros_like(arr)
     unit[valid] = arr[valid] / norms[valid, None]
     return unit, valid
+
+
+def per_event_metrics(
+    chips: str | Path, scored: Scored, class_names: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Accuracy, macro-F1 and per-class F1 of each event of the store's manifest among the
+    scored chips (``{event: {"n", "accuracy", "macro_f1", "per_class_f1", "support"}}``; a
+    class absent from an event has F1 None and does not enter its macro-F1)."""
+    import numpy as np
+
+    from data_prep.store import read_manifest
+    from local_damage.metrics import classification_metrics
+
+    manifest = read_manifest(chips).set_index("chip_id")
+    events = manifest.loc[list(scored.chip_ids), "event"].astype(str).to_numpy()
+    out: dict[str, dict[str, Any]] = {}
+    for event in sorted(set(events)):
+        rows = events == event
+        labels, preds = scored.labels[rows], scored.predictions[rows]
+        present = [i for i in range(len(class_names)) if (labels == i).any()]
+        m = classification_metrics(labels, preds, class_names)
+        f1 = {
+            name: (m["per_class"][name]["f1"] if i in present else None)
+            for i, name in enumerate(class_names)
+        }
+        scores = [v for v in f1.values() if v is not None]
+        out[event] = {
+            "n": int(rows.sum()),
+            "accuracy": m["accuracy"],
+            "macro_f1": float(np.mean(scores)) if scores else None,
+            "per_class_f1": f1,
+            "support": {name: int((labels == i).sum()) for i, name in enumerate(class_names)},
+        }
+    return out
 
 
 def write_predictions(path: str | Path, scored: Scored, class_names: Sequence[str]) -> None:

@@ -105,6 +105,18 @@ def test_evaluate_run_on_its_validation_fold(run, store, tmp_path, capsys):
     for c, name in enumerate(CLASS_NAMES):
         assert metrics["per_class"][name]["support"] == int((labels == c).sum())
 
+    # per event: the manifest's events of the fold, each scored on its own chips only
+    events = _manifest(store).set_index("chip_id").loc[preds["chip_id"], "event"].to_numpy()
+    assert set(metrics["per_event"]) == set(events)
+    assert sum(e["n"] for e in metrics["per_event"].values()) == metrics["n"]
+    for event, block in metrics["per_event"].items():
+        rows = events == event
+        right = (preds["pred"].to_numpy() == labels)[rows]
+        assert block["accuracy"] == pytest.approx(float(right.mean()))
+        for c, name in enumerate(CLASS_NAMES):
+            assert block["support"][name] == int((labels[rows] == c).sum())
+            assert (block["per_class_f1"][name] is None) == (block["support"][name] == 0)
+
     # the run's own validation of the same weights on the same fold agrees
     summary = json.loads((run / "summary.json").read_text())
     assert metrics["macro_f1"] == pytest.approx(summary["best_val_macro_f1"], abs=1e-9)
