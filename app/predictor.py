@@ -9,8 +9,13 @@ it, and scores chip pairs of any size.
 A model calibrated by ``local-damage calibrate`` (or ``export --calibrate-fold``) carries a
 temperature ``T`` in its ``calibration`` metadata prop (:mod:`app.calibration`); the predictor
 returns ``softmax(logits / T)`` as the probabilities, so every scoring path (``score``,
-``score-batch``, the web app, ``evaluate`` of an ONNX model) gives calibrated probabilities. The
-``logits`` it returns are always the graph's raw output.
+``score-batch``, the web app, ``evaluate`` of an ONNX model) gives calibrated probabilities.
+
+A model adapted to a new event by ``local-damage adapt`` carries a head in its ``adaptation``
+metadata prop (:mod:`app.adapt`): the predictor computes the head's scores from the graph's raw
+logits and embedding and returns them as ``logits`` (the graph's own output stays in
+``raw_logits``); the probabilities are their softmax, divided by ``T`` as above. A model without
+that prop returns the graph's raw output as ``logits``.
 """
 
 from __future__ import annotations
@@ -45,19 +50,23 @@ class Prediction(NamedTuple):
     """Scores of ``N`` chip pairs.
 
     Attributes:
-        logits: ``[N, K]`` float32 class scores.
+        logits: ``[N, K]`` float32 class scores: the graph's raw output, or for an adapted model
+            the adapted head's scores (:mod:`app.adapt`).
         probabilities: ``[N, K]`` float32 ``softmax(logits / T)`` with the model's temperature
             ``T`` (1 for an uncalibrated model); rows sum to 1.
         embedding: ``[N, D]`` float32 unit-norm joint embedding ``z``.
         change_map: ``[N, 1, S, S]`` float32 latent feature-correlation map (channel-averaged
             pre/post feature difference, Sec. 3.4 of the paper), only when asked for and the model
             has it; None otherwise.
+        raw_logits: ``[N, K]`` float32 raw output of the graph (the same array as ``logits``
+            for a model without an adapted head).
     """
 
     logits: np.ndarray
     probabilities: np.ndarray
     embedding: np.ndarray
     change_map: np.ndarray | None = None
+    raw_logits: np.ndarray | None = None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -128,6 +137,8 @@ class Predictor:
             ``--change-map``).
         temperature: the calibration temperature ``T`` the probabilities are computed with;
             None for an uncalibrated model (``T = 1``).
+        head: the adapted head (:class:`app.adapt.Head`) applied to the graph's output; None
+            for a model that was not adapted.
         providers: the providers the session actually uses.
 
     Raises:
@@ -231,6 +242,12 @@ class Predictor:
             self.temperature: float | None = read_temperature(md, self.path)
         except ValueError as exc:
             raise ModelError(str(exc)) from exc
+        from app.adapt import read_head
+
+        try:
+            self.head = read_head(md, len(self.class_names), self.embedding_dim, self.path)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from exc
 
     def predict(
         self,
@@ -268,7 +285,12 @@ class Predictor:
         n, k = len(pre), len(self.class_names)
         if n == 0:
             empty = np.zeros((0, k), np.float32)
-            return Prediction(empty, empty.copy(), np.zeros((0, self.embedding_dim), np.float32))
+            return Prediction(
+                empty,
+                empty.copy(),
+                np.zeros((0, self.embedding_dim), np.float32),
+                raw_logits=empty.copy(),
+            )
         with_map = change_map and self.has_change_map
         names = [*OUTPUT_NAMES, CHANGE_MAP] if with_map else list(OUTPUT_NAMES)
         logits, embedding, maps = [], [], []
@@ -280,24 +302,30 @@ class Predictor:
             embedding.append(np.asarray(got[1], dtype=np.float32))
             if with_map:
                 maps.append(np.asarray(got[2], dtype=np.float32))
-        lo = np.concatenate(logits)
+        raw = np.concatenate(logits)
+        z = np.concatenate(embedding)
+        lo = raw if self.head is None else self.head.scores(raw, z)
         return Prediction(
             lo,
             self.probabilities(lo),
-            np.concatenate(embedding),
+            z,
             np.concatenate(maps) if maps else None,
+            raw,
         )
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
-        """Class probabilities of ``[N, K]`` raw logits: ``softmax(logits / T)``, float32."""
+        """Class probabilities of ``[N, K]`` logits (:attr:`Prediction.logits`):
+        ``softmax(logits / T)``, float32."""
         lo = np.asarray(logits, dtype=np.float32)
         return softmax(lo if self.temperature is None else lo / np.float32(self.temperature))
 
     def card(self) -> dict[str, Any]:
         """What a model picker shows: name, classes, training data, validation and held-out test
         metrics, calibration, the ``ood`` flag's threshold and where it came from (None: the
-        model never flags ``ood``), licence, chip spec, input size, precision, parity, and the
+        model never flags ``ood``), the adapted head without its weights (None: not adapted),
+        licence, chip spec, input size, precision, parity, and the
         providers in use."""
+        from app.adapt import adaptation_summary
         from app.flags import ood_summary
 
         md = self.metadata
@@ -320,6 +348,7 @@ class Predictor:
             "test_metrics": md.get("test_metrics"),
             "calibration": md.get("calibration"),
             "ood": ood_summary(md),
+            "adaptation": adaptation_summary(md),
             "license": md.get("license"),
             "parity": md.get("parity"),
             "created_by": md.get("created_by"),

@@ -781,7 +781,33 @@ def card_markdown(predictor: Predictor) -> str:
         )
     lines.append(f"- calibration: {_calibration_text(card.get('calibration'))}")
     lines.append(f"- ood flag: {_ood_text(card.get('ood'))}")
+    lines.append(f"- adapted to a new event: {_adaptation_text(card.get('adaptation'))}")
     return "\n".join(lines)
+
+
+def _adaptation_text(block: Any) -> str:
+    if not isinstance(block, dict):
+        return "no (the trained head; adapt it with `local-damage adapt`)"
+    labels = block.get("labels") or {}
+    per_class = ", ".join(f"{k} {v}" for k, v in (labels.get("per_class") or {}).items() if v)
+    events = ", ".join(str(e) for e in (labels.get("events") or {}))
+    chosen = (block.get("cv") or {}).get("candidates", {}).get(block.get("method")) or {}
+    base = block.get("cv", {}).get("candidates", {}).get("base") or {}
+    base_model = block.get("base_model") or {}
+    text = (
+        f"yes, {block.get('method')} head fitted on {labels.get('n', '?')} labelled buildings "
+        f"({per_class}) of {events or '?'}; base model {base_model.get('file', '?')}"
+    )
+    if chosen and base:
+        text += (
+            f"; cross-validated accuracy {_text(chosen.get('accuracy'))} "
+            f"(base {_text(base.get('accuracy'))}), macro-F1 {_text(chosen.get('macro_f1'))} "
+            f"(base {_text(base.get('macro_f1'))})"
+        )
+    kept = block.get("unlabelled_classes") or []
+    if kept:
+        text += f"; unchanged (no label): {', '.join(kept)}"
+    return text
 
 
 def _ood_text(block: Any) -> str:
@@ -800,6 +826,8 @@ def _calibration_text(block: Any) -> str:
     if not isinstance(block, dict) or block.get("temperature") is None:
         return "none: the probabilities are the plain softmax of the logits, likely over-confident"
     fitted = block.get("fitted_on") or {}
+    if block.get("adapted"):
+        return f"the adapted head's probabilities ({_text(fitted.get('selection'))})"
     where = fitted.get("selection") or (
         f"fold {fitted['fold']} of {fitted.get('chips')}"
         if fitted.get("fold") is not None

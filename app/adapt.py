@@ -1,0 +1,627 @@
+"""Adapt a model's head to a new event from a few labelled buildings (no torch).
+
+The network is not retrained: its embedding ``z`` and raw logits are computed once for the
+labelled buildings, and a small head on top of them is fitted in well under a second. Several
+heads are tried and the one with the lowest cross-validated negative log-likelihood on the given
+labels is kept (:func:`adapt_head`):
+
+- ``base``: the base model unchanged (the reference every other head must beat).
+- ``prototype``: cosine similarity of ``z`` to per-class prototypes, each the normalised sum of
+  the labelled embeddings of its class plus :data:`PROTOTYPE_PRIOR` times the base model's own
+  prototype of that class (from its ``ood`` metadata, when it has one), times a fitted scale.
+- ``logistic``: a multinomial logistic regression on ``z`` (scikit-learn).
+- ``logistic+prior``: the same on ``z`` and the base model's log-probabilities, so the base
+  model's judgement is a feature the regression can keep or overrule.
+
+Every head is linear in ``[z, log p_base(c | labelled classes)]`` and scores only the classes
+that have labels (``L``). Classes without a label keep the base model's behaviour exactly:
+``p(c) = p_base(c)`` for ``c`` not in ``L``, and the base mass ``m_L = sum_{c in L} p_base(c)`` is
+shared among the labelled classes by the head: ``p(c) = m_L * q(c)`` for ``c`` in ``L``, where
+``p_base = softmax(raw_logits / T0)`` with the base model's temperature ``T0``. A building the base
+model gives an unlabelled class with probability above 0.5 therefore keeps that grade.
+
+Where it lives: the ``adaptation`` metadata prop of the model file (:func:`adaptation_block`),
+read by :class:`app.predictor.Predictor`, which returns the head's scores as ``logits`` and their
+softmax (divided by the ``calibration`` temperature, 1 as written by ``adapt``) as the
+probabilities. The graph is the base model's, so its embedding, change map and the ``ood`` flag
+are unchanged, and adapting an adapted model refits the head from the graph's raw output (it
+replaces the head, it does not stack a second one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Metadata prop of a model file holding the adapted head.
+METADATA_KEY = "adaptation"
+#: The heads tried, simplest first (ties go to the earlier one).
+METHODS = ("base", "prototype", "logistic", "logistic+prior")
+#: Weight, in labelled buildings, of the base model's prototype of a class in the ``prototype`` head.
+PROTOTYPE_PRIOR = 5.0
+#: Inverse regularisation strength of the logistic heads (features are standardised).
+LOGISTIC_C = 1.0
+#: Up to this many labels, cross-validation is leave-one-out; above, stratified k-fold.
+LEAVE_ONE_OUT_MAX = 40
+#: Folds of the stratified k-fold cross-validation.
+CV_FOLDS = 5
+#: The selection criterion recorded in the metadata.
+SELECTION = "lowest cross-validated negative log-likelihood (nats) of the given labels"
+#: Text of the features every head reads, recorded in the metadata.
+FEATURES = (
+    "the unit-length embedding [D], then the base model's log-probabilities of the labelled "
+    "classes renormalised over them [|L|]"
+)
+
+
+class AdaptError(ValueError):
+    """Labels a head cannot be adapted to; the message says why and what to do."""
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax of ``[N, K]`` scores, float64."""
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=1, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length in float64 (zero rows stay zero)."""
+    a = np.asarray(x, dtype=np.float64)
+    n = np.linalg.norm(a, axis=-1, keepdims=True)
+    return np.divide(a, n, out=np.zeros_like(a), where=n > 1e-12)
+
+
+@dataclass
+class Head:
+    """A fitted head: ``q = softmax(W [z, log p_base(. | L)] + b)`` over the labelled classes.
+
+    Attributes:
+        method: one of :data:`METHODS`.
+        classes: the labelled class ids ``L`` (sorted), the only ones the head re-scores.
+        weights: float64 ``[|L|, D + |L|]``.
+        bias: float64 ``[|L|]``.
+        base_temperature: ``T0`` of the base model's probabilities (1 when uncalibrated).
+        k: the number of classes of the model.
+    """
+
+    method: str
+    classes: list[int]
+    weights: np.ndarray
+    bias: np.ndarray
+    base_temperature: float
+    k: int
+
+    def features(self, raw_logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+        """``[N, D + |L|]`` head input of raw ``[N, K]`` logits and ``[N, D]`` embeddings."""
+        b = log_softmax(np.asarray(raw_logits, np.float64) / self.base_temperature)
+        bl = b[:, self.classes]
+        return np.hstack([unit(embedding), bl - _logsumexp(bl)[:, None]])
+
+    def log_probabilities(self, raw_logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+        """float64 ``[N, K]`` adapted log-probabilities (module docstring)."""
+        b = log_softmax(np.asarray(raw_logits, np.float64) / self.base_temperature)
+        if len(b) == 0:
+            return b
+        out = b.copy()
+        mass = _logsumexp(b[:, self.classes]) if len(self.classes) < self.k else 0.0
+        q = log_softmax(self.features(raw_logits, embedding) @ self.weights.T + self.bias)
+        out[:, self.classes] = np.asarray(mass).reshape(-1, 1) + q
+        return out
+
+    def scores(self, raw_logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
+        """float32 ``[N, K]`` adapted logits (log-probabilities): what the predictor returns."""
+        return self.log_probabilities(raw_logits, embedding).astype(np.float32)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "class_ids": list(self.classes),
+            "weights": [[round(float(v), 7) for v in row] for row in self.weights],
+            "bias": [round(float(v), 7) for v in self.bias],
+            "base_temperature": float(self.base_temperature),
+            "features": FEATURES,
+        }
+
+
+def read_head(metadata: Mapping[str, Any], k: int, d: int, path: str | os.PathLike) -> Head | None:
+    """The head stored in a model's parsed metadata, or None when it has none.
+
+    Raises:
+        ValueError: naming ``path`` when the ``adaptation`` prop does not hold a valid head for
+            ``k`` classes and ``d`` embedding dimensions.
+    """
+    block = metadata.get(METADATA_KEY)
+    if block is None:
+        return None
+    try:
+        head = block["head"]
+        classes = [int(c) for c in head["class_ids"]]
+        w = np.asarray(head["weights"], dtype=np.float64)
+        b = np.asarray(head["bias"], dtype=np.float64)
+        t = float(head["base_temperature"])
+        problem = None
+        if not classes or sorted(set(classes)) != classes or not 0 <= classes[0] <= classes[-1] < k:
+            problem = f"class_ids {classes} are not sorted distinct ids in [0, {k})"
+        elif w.shape != (len(classes), (d or w.shape[1] - len(classes)) + len(classes)):
+            problem = f"weights have shape {w.shape}, expected [{len(classes)}, D + {len(classes)}]"
+        elif b.shape != (len(classes),) or not (np.isfinite(w).all() and np.isfinite(b).all()):
+            problem = "bias has the wrong length, or the head holds NaN or inf"
+        elif not (math.isfinite(t) and t > 0):
+            problem = f"base_temperature {t} is not a positive number"
+    except (TypeError, KeyError, ValueError) as exc:
+        problem = f"unreadable head ({type(exc).__name__}: {exc})"
+    if problem:
+        raise ValueError(
+            f"{path}: metadata {METADATA_KEY}: {problem}; adapt the base model again with "
+            "`local-damage adapt`"
+        )
+    return Head(str(head.get("method", "?")), classes, w, b, t, k)
+
+
+# --------------------------------------------------------------------------------------------
+# fitting
+
+
+def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mu = x.mean(axis=0)
+    sd = x.std(axis=0)
+    return mu, np.where(sd > 1e-6, sd, 1.0)
+
+
+def _fit_logistic(x: np.ndarray, y: np.ndarray, classes: list[int], c: float):
+    """``(W, b)`` over ``classes`` of a multinomial logistic regression on raw features."""
+    from sklearn.linear_model import LogisticRegression
+
+    mu, sd = _standardise(x)
+    model = LogisticRegression(C=c, max_iter=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit((x - mu) / sd, y)
+    coef, icpt = model.coef_, model.intercept_
+    if coef.shape[0] == 1:  # binary: sklearn gives the second class's logit against the first
+        coef = np.vstack([np.zeros_like(coef), coef])
+        icpt = np.array([0.0, icpt[0]])
+    w = np.zeros((len(classes), x.shape[1]))
+    b = np.full(len(classes), -30.0)  # a class of L absent from these labels: never chosen
+    for row, cls in enumerate(model.classes_):
+        j = classes.index(int(cls))
+        w[j] = coef[row] / sd
+        b[j] = icpt[row] - float(coef[row] @ (mu / sd))
+    return w, b
+
+
+def _fit_scale(cos: np.ndarray, y_pos: np.ndarray) -> float:
+    """The scale ``s`` minimising the NLL of ``softmax(s * cos)`` (bounded search over log s)."""
+    from scipy.optimize import minimize_scalar
+
+    def nll(u: float) -> float:
+        lp = log_softmax(math.exp(u) * cos)
+        return float(-lp[np.arange(len(y_pos)), y_pos].mean())
+
+    return math.exp(float(minimize_scalar(nll, bounds=(0.0, math.log(200.0)), method="bounded").x))
+
+
+def fit_head(
+    method: str,
+    raw_logits: np.ndarray,
+    embedding: np.ndarray,
+    labels: np.ndarray,
+    k: int,
+    base_temperature: float = 1.0,
+    base_prototypes: Mapping[int, np.ndarray] | None = None,
+    c: float = LOGISTIC_C,
+) -> Head:
+    """Fit one head to labelled buildings.
+
+    Args:
+        method: one of :data:`METHODS`.
+        raw_logits: ``[N, K]`` raw logits of the base graph.
+        embedding: ``[N, D]`` embeddings.
+        labels: ``[N]`` class ids in ``[0, K)``.
+        k: the number of classes ``K``.
+        base_temperature: the base model's ``T0``.
+        base_prototypes: class id -> ``[D]`` base prototype (the model's ``ood`` block).
+        c: inverse regularisation strength of the logistic heads.
+    """
+    if method not in METHODS:
+        raise AdaptError(f"unknown head {method!r}; the heads are {', '.join(METHODS)}")
+    y = np.asarray(labels, dtype=np.int64)
+    classes = sorted({int(v) for v in y})
+    d = np.asarray(embedding).shape[1]
+    nl = len(classes)
+    head = Head(method, classes, np.zeros((nl, d + nl)), np.zeros(nl), base_temperature, k)
+    x = head.features(raw_logits, embedding)
+    if method == "base" or nl == 1:
+        head.weights[:, d:] = np.eye(nl)
+        return head
+    if method == "prototype":
+        z = x[:, :d]
+        protos = []
+        for cls in classes:
+            total = z[y == cls].sum(axis=0)
+            prior = (base_prototypes or {}).get(cls)
+            if prior is not None and len(prior) == d:
+                total = total + PROTOTYPE_PRIOR * unit(np.asarray(prior)[None])[0]
+            protos.append(total)
+        p = unit(np.stack(protos))
+        pos = np.array([classes.index(int(v)) for v in y])
+        scale = _fit_scale(z @ p.T, pos)
+        head.weights[:, :d] = scale * p
+        return head
+    cols = slice(0, d) if method == "logistic" else slice(0, d + nl)
+    w, b = _fit_logistic(x[:, cols], y, classes, c)
+    head.weights[:, cols] = w
+    head.bias[:] = b
+    return head
+
+
+def _splits(labels: np.ndarray, seed: int):
+    from sklearn.model_selection import LeaveOneOut, StratifiedKFold
+
+    n = len(labels)
+    if n <= LEAVE_ONE_OUT_MAX:
+        return "leave-one-out", list(LeaveOneOut().split(labels))
+    with warnings.catch_warnings():  # a class rarer than the folds: some folds lack it
+        warnings.simplefilter("ignore")
+        folds = StratifiedKFold(CV_FOLDS, shuffle=True, random_state=seed)
+        return f"stratified {CV_FOLDS}-fold (seed {seed})", list(folds.split(labels, labels))
+
+
+def _metrics(log_p: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import f1_score
+
+    pred = log_p.argmax(axis=1)
+    nll = float(-np.clip(log_p[np.arange(len(y)), y], -50.0, 0.0).mean())
+    present = sorted({int(v) for v in y})
+    return {
+        "nll": round(nll, 6),
+        "accuracy": round(float(np.mean(pred == y)), 6),
+        "macro_f1": round(float(f1_score(y, pred, labels=present, average="macro")), 6),
+    }
+
+
+@dataclass
+class Adaptation:
+    """The outcome of :func:`adapt_head`.
+
+    Attributes:
+        head: the chosen head, fitted on every label.
+        cv: ``{"scheme", "candidates": {method: {"nll", "accuracy", "macro_f1"}}}`` out-of-fold
+            figures of every head tried.
+        train: the chosen head's figures on the labels it was fitted on, and the base model's.
+        seconds: wall time of cross-validation and the final fit.
+    """
+
+    head: Head
+    cv: dict[str, Any]
+    train: dict[str, Any]
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def adapt_head(
+    raw_logits: np.ndarray,
+    embedding: np.ndarray,
+    labels: np.ndarray,
+    k: int,
+    base_temperature: float = 1.0,
+    base_prototypes: Mapping[int, np.ndarray] | None = None,
+    methods: Sequence[str] = METHODS,
+    seed: int = 0,
+) -> Adaptation:
+    """Cross-validate every head of ``methods`` on the labels, keep the best, fit it on all.
+
+    Args:
+        raw_logits: ``[N, K]`` raw logits of the labelled buildings.
+        embedding: ``[N, D]`` their embeddings.
+        labels: ``[N]`` their class ids.
+        k: number of classes.
+        base_temperature: the base model's ``T0``.
+        base_prototypes: class id -> base prototype, for the ``prototype`` head.
+        methods: the heads to try (:data:`METHODS`).
+        seed: seed of the k-fold split.
+
+    Raises:
+        AdaptError: fewer than two labels, labels of a single class, or bad shapes.
+    """
+    import scipy.optimize  # noqa: F401  (imports are not fitting time)
+    import sklearn.linear_model  # noqa: F401
+    import sklearn.model_selection  # noqa: F401
+
+    start = time.perf_counter()
+    lo = np.asarray(raw_logits, dtype=np.float64)
+    z = np.asarray(embedding, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    if (
+        lo.ndim != 2
+        or lo.shape[1] != k
+        or z.ndim != 2
+        or y.shape != (len(lo),)
+        or len(z) != len(lo)
+    ):
+        raise AdaptError(
+            f"need [N, {k}] logits, [N, D] embeddings and [N] labels, got {lo.shape}, {z.shape}, "
+            f"{y.shape}"
+        )
+    if len(y) and (y.min() < 0 or y.max() >= k):
+        raise AdaptError(
+            f"labels must be class ids in [0, {k}), got {int(y.min())}..{int(y.max())}"
+        )
+    present = sorted({int(v) for v in y})
+    if len(y) < 2 or len(present) < 2:
+        raise AdaptError(
+            f"{len(y)} label(s) of {len(present)} class(es): the head needs labelled buildings of "
+            "at least two classes to learn anything the base model does not already say"
+        )
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise AdaptError(f"unknown head(s) {unknown}; the heads are {', '.join(METHODS)}")
+    scheme, folds = _splits(y, seed)
+    candidates: dict[str, dict[str, float]] = {}
+    for method in methods:
+        oof = np.zeros((len(y), k))
+        for train, test in folds:
+            head = fit_head(
+                method, lo[train], z[train], y[train], k, base_temperature, base_prototypes
+            )
+            oof[test] = head.log_probabilities(lo[test], z[test])
+        candidates[method] = _metrics(oof, y)
+    best = min(methods, key=lambda m: (candidates[m]["nll"], methods.index(m)))
+    head = fit_head(best, lo, z, y, k, base_temperature, base_prototypes)
+    seconds = time.perf_counter() - start
+    train = {
+        "chosen": _metrics(head.log_probabilities(lo, z), y),
+        "base": _metrics(log_softmax(lo / base_temperature), y),
+    }
+    return Adaptation(head, {"scheme": scheme, "candidates": candidates}, train, seconds)
+
+
+# --------------------------------------------------------------------------------------------
+# the model file
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def base_of(metadata: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(T0, calibration block)`` of the model a head is fitted on top of: the model's own
+    temperature, or for an adapted model, that of its base (its head is refitted, not stacked)."""
+    block = metadata.get(METADATA_KEY)
+    if isinstance(block, Mapping) and isinstance(block.get("base_model"), Mapping):
+        base = block["base_model"]
+        return float(block["head"]["base_temperature"]), base.get("calibration")
+    cal = metadata.get("calibration")
+    t = cal.get("temperature") if isinstance(cal, Mapping) else None
+    return (float(t) if t else 1.0), (dict(cal) if isinstance(cal, Mapping) else None)
+
+
+def base_prototypes(metadata: Mapping[str, Any], class_names: Sequence[str]) -> dict[int, Any]:
+    """Class id -> prototype of the model's ``ood`` block (empty when it has none)."""
+    block = metadata.get("ood")
+    if not isinstance(block, Mapping):
+        return {}
+    names = list(block.get("class_names") or [])
+    protos = block.get("prototypes") or []
+    return {
+        list(class_names).index(n): np.asarray(p, dtype=np.float64)
+        for n, p in zip(names, protos, strict=False)
+        if n in class_names
+    }
+
+
+def adaptation_block(
+    adaptation: Adaptation,
+    class_names: Sequence[str],
+    base_path: str | os.PathLike,
+    base_metadata: Mapping[str, Any],
+    labels: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``adaptation`` metadata prop of an adapted model.
+
+    Args:
+        adaptation: the fitted head and its cross-validation.
+        class_names: the model's classes.
+        base_path: the model file the head was fitted on.
+        base_metadata: its parsed metadata.
+        labels: what was labelled: ``n``, ``per_class``, ``events`` (counts) and ``sources``.
+    """
+    previous = base_metadata.get(METADATA_KEY)
+    if isinstance(previous, Mapping) and isinstance(previous.get("base_model"), Mapping):
+        base_model = dict(previous["base_model"])  # an adapted model: keep the original base
+        base_model["adapted_from"] = {"file": Path(base_path).name, "sha256": sha256(base_path)}
+    else:
+        base_model = {
+            "file": Path(base_path).name,
+            "sha256": sha256(base_path),
+            "calibration": base_of(base_metadata)[1],
+        }
+    head = adaptation.head
+    return {
+        "method": head.method,
+        "selection": SELECTION,
+        "labelled_classes": [class_names[c] for c in head.classes],
+        "unlabelled_classes": [n for i, n in enumerate(class_names) if i not in head.classes],
+        "unlabelled_rule": "classes without a label keep the base model's probabilities",
+        "head": head.to_dict(),
+        "cv": adaptation.cv,
+        "fit": adaptation.train,
+        "fit_seconds": round(adaptation.seconds, 4),
+        "labels": dict(labels),
+        "base_model": base_model,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``calibration`` prop of an adapted model: ``T = 1`` on the head's output (the base
+    model's temperature is applied inside the head, to the base probabilities it reads)."""
+    return {
+        "method": "temperature scaling",
+        "temperature": 1.0,
+        "fitted_on": {
+            "selection": "none: the adapted head's probabilities are used as fitted; the base "
+            f"model's T = {block['head']['base_temperature']:.4g} is applied inside the head",
+            "n": block["labels"].get("n"),
+        },
+        "before": None,
+        "after": None,
+        "adapted": True,
+    }
+
+
+def write_adapted(
+    base: str | os.PathLike, out: str | os.PathLike, block: Mapping[str, Any]
+) -> Path:
+    """Write a copy of ``base`` carrying ``block`` (and a ``calibration`` prop with ``T = 1``),
+    atomically; the graph is unchanged. Returns ``out``.
+
+    Raises:
+        AdaptError: ``out`` does not end in .onnx.
+    """
+    import json
+
+    import onnx
+
+    from data_prep.store import atomic_path
+
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise AdaptError(f"{out}: the model file name must end in .onnx")
+    proto = onnx.load(str(base))
+    props = {METADATA_KEY: dict(block), "calibration": calibration_after_adapt(block)}
+    keep = [(p.key, p.value) for p in proto.metadata_props if p.key not in props]
+    del proto.metadata_props[:]
+    for key, value in keep:
+        proto.metadata_props.add(key=key, value=value)
+    for key, value in props.items():
+        proto.metadata_props.add(key=key, value=json.dumps(value, default=str))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out, suffix=".onnx") as tmp:
+        onnx.save(proto, str(tmp))
+    return out
+
+
+def format_adaptation(block: Mapping[str, Any]) -> str:
+    """The ``adaptation`` block in a few lines, for the terminal and the model card."""
+    labels = block.get("labels") or {}
+    per_class = ", ".join(f"{k} {v}" for k, v in (labels.get("per_class") or {}).items())
+    events = ", ".join(f"{k} {v}" for k, v in (labels.get("events") or {}).items())
+    base = block.get("base_model") or {}
+    cv = block.get("cv") or {}
+    lines = [
+        f"head {block.get('method')} on {labels.get('n', '?')} labels ({per_class}; events: "
+        f"{events or '?'}), base model {base.get('file')} (sha256 {str(base.get('sha256'))[:12]})",
+        f"cross-validation ({cv.get('scheme', '?')}), NLL / accuracy / macro-F1:",
+    ]
+    for method, m in (cv.get("candidates") or {}).items():
+        mark = " <- chosen" if method == block.get("method") else ""
+        lines.append(
+            f"  {method:<15} {m['nll']:.4f} / {m['accuracy']:.4f} / {m['macro_f1']:.4f}{mark}"
+        )
+    kept = block.get("unlabelled_classes") or []
+    if kept:
+        lines.append(f"unchanged (no label): {', '.join(kept)}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# end to end
+
+
+@dataclass
+class AdaptResult:
+    """What :func:`adapt_model` wrote: the model file, its ``adaptation`` block, and the seconds
+    of the embedding pass and of the fit (cross-validation and final head)."""
+
+    out: Path
+    block: dict[str, Any]
+    embed_seconds: float
+    fit_seconds: float
+
+
+def adapt_model(
+    predictor,
+    buildings,
+    out: str | os.PathLike,
+    methods: Sequence[str] = METHODS,
+    batch_size: int = 32,
+    seed: int = 0,
+) -> AdaptResult:
+    """Adapt the head of ``predictor``'s model to the labelled buildings and write ``out``.
+
+    Args:
+        predictor: the base :class:`app.predictor.Predictor` (an adapted model is refitted
+            from its graph, not stacked).
+        buildings: :class:`app.labelled.Buildings`; only the labelled ones are used.
+        out: the ``.onnx`` file to write (atomically; may be the base model itself).
+        methods: the heads to try.
+        batch_size: chips per inference batch.
+        seed: seed of the cross-validation split.
+
+    Raises:
+        AdaptError: no labelled building, fewer than two classes, ``out`` not ``.onnx``.
+    """
+    if Path(out).suffix != ".onnx":
+        raise AdaptError(f"{out}: the model file name must end in .onnx")
+    labelled = buildings.subset(buildings.labelled)
+    sources = "; ".join(buildings.sources) or "the given buildings"
+    if len(labelled) == 0:
+        raise AdaptError(f"{sources}: no labelled building to adapt to")
+    start = time.perf_counter()
+    pred = predictor.predict(labelled.pre, labelled.post, batch_size=batch_size)
+    raw = pred.raw_logits if pred.raw_logits is not None else pred.logits
+    embed_seconds = time.perf_counter() - start
+    names = list(predictor.class_names)
+    t0, _ = base_of(predictor.metadata)
+    try:
+        adaptation = adapt_head(
+            raw,
+            pred.embedding,
+            labelled.labels,
+            len(names),
+            t0,
+            base_prototypes(predictor.metadata, names),
+            methods,
+            seed,
+        )
+    except AdaptError as exc:
+        raise AdaptError(f"{sources}: {exc}") from exc
+    block = adaptation_block(
+        adaptation, names, predictor.path, predictor.metadata, labelled.counts(names)
+    )
+    write_adapted(predictor.path, out, block)
+    return AdaptResult(Path(out), block, embed_seconds, adaptation.seconds)
+
+
+def adaptation_summary(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``adaptation`` block of a model's metadata without the head's weights (for model
+    cards), or None when the model was not adapted."""
+    block = (metadata or {}).get(METADATA_KEY)
+    if not isinstance(block, Mapping):
+        return None
+    out = {k: v for k, v in block.items() if k != "head"}
+    head = block.get("head")
+    if isinstance(head, Mapping):
+        out["base_temperature"] = head.get("base_temperature")
+    return out
