@@ -480,7 +480,7 @@ def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
         "method": "temperature scaling",
         "temperature": 1.0,
         "fitted_on": {
-            "selection": "none: the adapted head's probabilities are used as fitted; the base "
+            "selection": "the adapted head's probabilities are used as fitted; the base "
             f"model's T = {block['head']['base_temperature']:.4g} is applied inside the head",
             "n": block["labels"].get("n"),
         },

@@ -827,7 +827,7 @@ def _calibration_text(block: Any) -> str:
         return "none: the probabilities are the plain softmax of the logits, likely over-confident"
     fitted = block.get("fitted_on") or {}
     if block.get("adapted"):
-        return f"the adapted head's probabilities ({_text(fitted.get('selection'))})"
+        return f"T = 1 on the adapted head's output: {_text(fitted.get('selection'))}"
     where = fitted.get("selection") or (
         f"fold {fitted['fold']} of {fitted.get('chips')}"
         if fitted.get("fold") is not None

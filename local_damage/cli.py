@@ -14,7 +14,7 @@ from local_damage import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app import bench_alignment, bench_flags
+    from app import adapt_cli, bench_alignment, bench_flags
     from app import cli as app_cli
     from data_prep import cli as data_prep_cli
     from local_damage import (
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_parser(sub)
     export.add_parser(sub)
     calibrate.add_parser(sub)
+    adapt_cli.add_parser(sub)
     probe.add_parser(sub)
 
     bench = sub.add_parser(

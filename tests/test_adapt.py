@@ -1,0 +1,383 @@
+"""`local-damage adapt`: adapted heads, unchanged unlabelled classes, label errors, suggestions.
+
+Every model here is a real ONNX file run by ONNX Runtime: the tiny exported model of the
+``score_model`` fixture, calibrated (temperature and ``ood`` prototypes) by ``calibrate``, then
+adapted to labels of its own synthetic chip store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def run_cli(*argv: str) -> int:
+    from local_damage.cli import main
+
+    return main([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def chips(score_model) -> Path:
+    return score_model.parent / "chips"
+
+
+@pytest.fixture(scope="module")
+def base(score_model, chips, tmp_path_factory) -> Path:
+    """The fixture model with a temperature and ood prototypes (what adapt must carry over)."""
+    out = tmp_path_factory.mktemp("adapt") / "base.onnx"
+    args = ["calibrate", "--model", score_model, "--chips", chips, "--fold", "0", "--out", out]
+    assert run_cli(*args, "--quiet") == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(base, chips):
+    from app.labelled import from_chip_store
+    from app.predictor import Predictor
+
+    return from_chip_store(chips, Predictor(base).class_names)
+
+
+@pytest.fixture(scope="module")
+def adapted(base, chips, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("adapted") / "adapted.onnx"
+    assert run_cli("adapt", "--model", base, "--chips", chips, "--out", out) == 0
+    return out
+
+
+def _nll(probabilities: np.ndarray, labels: np.ndarray) -> float:
+    return float(-np.log(np.clip(probabilities[np.arange(len(labels)), labels], 1e-12, 1)).mean())
+
+
+# --------------------------------------------------------------------------------------------
+# the adapted model
+
+
+def test_adapted_model_reproduces_its_labels_better_than_the_base(base, adapted, store, capsys):
+    from app.predictor import Predictor
+
+    old = Predictor(base).predict(store.pre, store.post)
+    new = Predictor(adapted).predict(store.pre, store.post)
+    y = store.labels
+    acc_old = float(np.mean(old.probabilities.argmax(1) == y))
+    acc_new = float(np.mean(new.probabilities.argmax(1) == y))
+    assert acc_new > acc_old
+    assert _nll(new.probabilities, y) < _nll(old.probabilities, y)
+    # the graph is the base model's: same raw logits and embedding
+    np.testing.assert_allclose(new.raw_logits, old.raw_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new.embedding, old.embedding, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new.probabilities.sum(1), 1.0, atol=1e-5)
+
+
+def test_metadata_records_base_labels_and_every_candidate(base, adapted, store):
+    from app.adapt import METHODS
+    from app.predictor import Predictor
+
+    md = Predictor(adapted).metadata
+    block = md["adaptation"]
+    assert block["base_model"]["file"] == "base.onnx"
+    assert block["base_model"]["sha256"] == hashlib.sha256(base.read_bytes()).hexdigest()
+    base_t = Predictor(base).temperature
+    assert block["base_model"]["calibration"]["temperature"] == pytest.approx(base_t)
+    assert block["head"]["base_temperature"] == pytest.approx(base_t)
+    names = Predictor(base).class_names
+    assert block["labels"]["n"] == len(store)
+    assert block["labels"]["per_class"] == {
+        n: int(np.sum(store.labels == i)) for i, n in enumerate(names)
+    }
+    assert sum(block["labels"]["events"].values()) == len(store)
+    assert set(block["cv"]["candidates"]) == set(METHODS)
+    best = min(v["nll"] for v in block["cv"]["candidates"].values())
+    assert block["cv"]["candidates"][block["method"]]["nll"] == best
+    assert block["fit_seconds"] < 5
+    # one temperature on the head's output, 1 as written; ood prototypes kept
+    assert md["calibration"]["temperature"] == 1.0 and md["calibration"]["adapted"]
+    assert md["ood"] == Predictor(base).metadata["ood"]
+
+
+def test_model_card_shows_the_adaptation(adapted, base):
+    from app.predictor import Predictor
+    from app.web import card_markdown
+
+    text = card_markdown(Predictor(adapted))
+    line = next(x for x in text.splitlines() if x.startswith("- adapted to a new event"))
+    assert "yes" in line and "base.onnx" in line and "labelled buildings" in line
+    assert "- adapted to a new event: no" in card_markdown(Predictor(base))
+    assert Predictor(adapted).card()["adaptation"]["method"]
+
+
+def test_adapting_an_adapted_model_refits_from_the_base(adapted, base, store, tmp_path):
+    from app.adapt import adapt_model
+    from app.predictor import Predictor
+
+    again = adapt_model(Predictor(adapted), store, tmp_path / "again.onnx").block
+    first = Predictor(adapted).metadata["adaptation"]
+    assert again["base_model"]["sha256"] == first["base_model"]["sha256"]
+    assert again["base_model"]["adapted_from"]["file"] == "adapted.onnx"
+    assert again["head"]["base_temperature"] == pytest.approx(Predictor(base).temperature)
+    a = Predictor(adapted).predict(store.pre, store.post).probabilities
+    b = Predictor(tmp_path / "again.onnx").predict(store.pre, store.post).probabilities
+    np.testing.assert_allclose(a, b, atol=1e-5)  # the same labels give the same head
+
+
+# --------------------------------------------------------------------------------------------
+# classes without labels
+
+
+def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_path):
+    """Labels of no-damage and destroyed only: for every building, p(minor) and p(major) are
+    the base model's calibrated probabilities, and a building the base model gives one of them
+    with p > 0.5 keeps that grade."""
+    from app.adapt import adapt_model
+    from app.labelled import Buildings
+    from app.predictor import Predictor
+
+    keep = np.isin(store.labels, [0, 3])
+    partial = Buildings(
+        store.ids, store.events, np.where(keep, store.labels, -1), store.pre, store.post
+    )
+    result = adapt_model(Predictor(base), partial, tmp_path / "partial.onnx")
+    assert result.block["unlabelled_classes"] == ["minor-damage", "major-damage"]
+    old = Predictor(base).predict(store.pre, store.post).probabilities
+    new = Predictor(tmp_path / "partial.onnx").predict(store.pre, store.post).probabilities
+    np.testing.assert_allclose(new[:, [1, 2]], old[:, [1, 2]], atol=1e-5)
+    np.testing.assert_allclose(new[:, [0, 3]].sum(1), old[:, [0, 3]].sum(1), atol=1e-5)
+
+
+def test_an_unlabelled_class_region_keeps_its_grade():
+    """Pure head arithmetic on inputs where the base model says class 2 with p > 0.5: the
+    adapted argmax stays 2 and p(2) is unchanged, whatever the head does to classes 0, 1, 3."""
+    from app.adapt import adapt_head, log_softmax
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(60, 8))
+    y = rng.choice([0, 1, 3], size=60)
+    raw = rng.normal(size=(60, 4))
+    ad = adapt_head(raw, z, y, 4, base_temperature=0.7, methods=("logistic",))
+    assert ad.head.classes == [0, 1, 3]
+    region = rng.normal(size=(200, 4))
+    region[:, 2] += 4.0
+    p_base = np.exp(log_softmax(region / 0.7))
+    inside = p_base[:, 2] > 0.5
+    assert inside.sum() > 100
+    p_new = np.exp(ad.head.log_probabilities(region, rng.normal(size=(200, 8))))
+    np.testing.assert_allclose(p_new[:, 2], p_base[:, 2], atol=1e-12)
+    assert (p_new[inside].argmax(1) == 2).all()
+
+
+def test_single_class_labels_are_refused():
+    from app.adapt import AdaptError, adapt_head
+
+    with pytest.raises(AdaptError, match="at least two classes"):
+        adapt_head(np.zeros((5, 4)), np.ones((5, 3)), np.zeros(5, int), 4)
+
+
+def test_fit_time_for_a_thousand_labels():
+    """1,000 labels of 128-d embeddings: cross-validation of every head plus the final fit."""
+    from app.adapt import adapt_head, unit
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 4, 1000)
+    z = unit(np.eye(4, 128)[y] + 0.2 * rng.normal(size=(1000, 128)))
+    raw = rng.normal(size=(1000, 4))
+    ad = adapt_head(raw, z, y, 4)
+    assert ad.seconds < 5
+    assert ad.cv["scheme"].startswith("stratified")
+    assert ad.cv["candidates"][ad.head.method]["accuracy"] > 0.9
+
+
+# --------------------------------------------------------------------------------------------
+# labels from the scoring path and from the app's corrections
+
+
+def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
+    from app.flags import Flagger
+    from app.predictor import Predictor
+    from app.score import score_xbd
+
+    xbd = score_model.parent / "xbd"
+    label = sorted((xbd / "labels").glob("*_post_disaster.json"))[0]
+    tile = label.name.replace("_post_disaster.json", "")
+    pre = next((xbd / "images").glob(f"{tile}_pre_disaster.*"))
+    post = next((xbd / "images").glob(f"{tile}_post_disaster.*"))
+    predictor = Predictor(adapted)
+    assert Flagger(predictor.metadata).ood is not None
+    out = tmp_path / "scored.geojson"
+    report = score_xbd(predictor, pre, post, label, out, progress=False)
+    assert report.scored > 0
+    data = json.loads(out.read_text())
+    scored = [f["properties"] for f in data["features"] if f["properties"]["status"] == "scored"]
+    total = [sum(v for k, v in p.items() if k.startswith("p_")) for p in scored]
+    np.testing.assert_allclose(total, 1.0, atol=1e-4)
+    assert all("flags" in p for p in scored)
+
+
+def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path):
+    from app.adapt import adapt_model
+    from app.labelled import concat, from_corrections, from_xbd
+    from app.predictor import Predictor
+    from app.web import assess_tile, save_correction
+
+    predictor = Predictor(base)
+    xbd = score_model.parent / "xbd"
+    labels = sorted((xbd / "labels").glob("*_post_disaster.json"))
+    parts = []
+    for label in labels[:2]:
+        tile = label.name.replace("_post_disaster.json", "")
+        pre = next((xbd / "images").glob(f"{tile}_pre_disaster.*"))
+        post = next((xbd / "images").glob(f"{tile}_post_disaster.*"))
+        parts.append(from_xbd(pre, post, label, predictor.spec, predictor.class_names))
+    assert all((p.labels >= 0).sum() > 5 for p in parts)  # un-classified ones are -1
+
+    # the app: assess the third tile, correct three buildings, read the corrections back
+    label = labels[2]
+    tile = label.name.replace("_post_disaster.json", "")
+    pre = next((xbd / "images").glob(f"{tile}_pre_disaster.*"))
+    post = next((xbd / "images").glob(f"{tile}_post_disaster.*"))
+    result = assess_tile(predictor, pre, post, label, tmp_path / "session")
+    scored = [r["#"] for r in result.rows if r["status"] == "scored"][:3]
+    for row, grade in zip(scored, ["destroyed", "no-damage", "destroyed"], strict=True):
+        path = save_correction(result.session, row, grade)
+    fixed = from_corrections(path, predictor.spec, predictor.class_names)
+    assert len(fixed) == 3
+    assert sorted(fixed.labels.tolist()) == [0, 3, 3]
+    assert [i.split(":", 1)[1] for i in fixed.ids] == [result.rows[r]["uid"] for r in scored]
+
+    out = adapt_model(predictor, concat([*parts, fixed], 64), tmp_path / "mixed.onnx")
+    assert out.block["labels"]["n"] == sum(int((p.labels >= 0).sum()) for p in parts) + 3
+    assert any("app corrections" in s for s in out.block["labels"]["sources"])
+    assert Predictor(out.out).head is not None
+
+
+# --------------------------------------------------------------------------------------------
+# bad label files
+
+
+def _fails(capsys, *argv) -> str:
+    assert run_cli("adapt", *argv) == 2
+    return capsys.readouterr().err
+
+
+def test_bad_label_inputs_name_the_file_and_the_problem(
+    base, chips, synthetic_scene, tmp_path, capsys
+):
+    out = tmp_path / "x.onnx"
+    common = ["--model", base, "--out", out]
+    scene = ["--pre", *synthetic_scene.pre, "--post", *synthetic_scene.post]
+
+    missing = tmp_path / "nowhere.geojson"
+    err = _fails(capsys, *common, *scene, "--buildings", missing, "--label-field", "damage")
+    assert str(missing) in err and "not found" in err
+
+    err = _fails(
+        capsys, *common, *scene, "--buildings", synthetic_scene.buildings, "--label-field", "grade"
+    )
+    assert str(synthetic_scene.buildings) in err and "'grade'" in err
+
+    data = json.loads(synthetic_scene.buildings.read_text())
+    data["features"][0]["properties"]["damage"] = "flattened"
+    bad = tmp_path / "bad.geojson"
+    bad.write_text(json.dumps(data))
+    err = _fails(capsys, *common, *scene, "--buildings", bad, "--label-field", "damage")
+    assert str(bad) in err and "flattened" in err
+
+    for f in data["features"]:
+        f["properties"]["damage"] = ""
+    empty = tmp_path / "empty.geojson"
+    empty.write_text(json.dumps(data))
+    err = _fails(capsys, *common, *scene, "--buildings", empty, "--label-field", "damage")
+    assert str(empty) in err and "no labelled building" in err
+
+    err = _fails(capsys, *common, "--chips", tmp_path / "nostore")
+    assert "manifest.csv" in err and "nostore" in err
+    store = tmp_path / "store"
+    shutil.copytree(chips, store)
+    manifest = (store / "manifest.csv").read_text().splitlines()
+    header = manifest[0].split(",")
+    j = header.index("label")
+    (store / "manifest.csv").write_text(
+        "\n".join(",".join(c for i, c in enumerate(r.split(",")) if i != j) for r in manifest)
+    )
+    err = _fails(capsys, *common, "--chips", store)
+    assert str(store / "manifest.csv") in err and "missing column(s) label" in err
+
+    assert not out.exists()
+
+
+def test_bad_corrections_name_the_file(base, tmp_path, capsys):
+    session = tmp_path / "session"
+    session.mkdir()
+    err = _fails(capsys, "--model", base, "--out", tmp_path / "x.onnx", "--corrections", session)
+    assert str(session) in err and "session.json" in err
+    (session / "session.json").write_text(json.dumps({"mode": "xbd", "scene": "t"}))
+    err = _fails(capsys, "--model", base, "--out", tmp_path / "x.onnx", "--corrections", session)
+    assert str(session / "corrections.json") in err and "no corrections" in err
+    (session / "corrections.json").write_text(json.dumps({"3": {"uid": "a", "damage": "gone"}}))
+    err = _fails(capsys, "--model", base, "--out", tmp_path / "x.onnx", "--corrections", session)
+    assert str(session / "corrections.json") in err and "'gone'" in err and "row 3" in err
+
+
+# --------------------------------------------------------------------------------------------
+# what to label next
+
+
+def test_rank_puts_the_most_uncertain_first_and_spreads_the_rest():
+    from app.suggest import rank_buildings
+
+    p = np.array(
+        [[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0.55, 0.45, 0, 0], [0.9, 0.1, 0, 0], [1, 0, 0, 0]]
+    )
+    z = np.array([[1, 0], [1, 1e-4], [0, 1], [-1, 0], [0, -1]], dtype=float)
+    order, dist = rank_buildings(p, z, 3)
+    assert order[0] in (0, 1)
+    assert order[1] == 2  # not the near-duplicate of the first pick
+    assert len(set(order.tolist())) == 3
+    plain, _ = rank_buildings(p, z, 5, diversity=0.0)
+    margins = np.sort(p, 1)[:, -1] - np.sort(p, 1)[:, -2]
+    assert np.all(np.diff(margins[plain]) >= 0)  # diversity 0: by margin alone
+
+
+def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path, capsys):
+    from app.labelled import Buildings
+    from app.predictor import Predictor
+    from app.suggest import suggest, uncertainty
+
+    hidden = np.arange(len(store)) % 2 == 0
+    pool = Buildings(
+        store.ids, store.events, np.where(hidden, -1, store.labels), store.pre, store.post
+    )
+    predictor = Predictor(adapted)
+    rows = suggest(predictor, pool, 5)
+    ids = [r.id for r in rows]
+    unlabelled = {i for i, h in zip(store.ids, hidden, strict=True) if h}
+    assert len(ids) == 5 == len(set(ids)) and set(ids) <= unlabelled
+    margin, _ = uncertainty(predictor.predict(pool.pre[hidden], pool.post[hidden]).probabilities)
+    # uncertain first-ish: the first pick is in the more uncertain half of the pool (distance
+    # to the labelled buildings counts too), and the picks are less sure than the pool
+    assert rows[0].margin <= np.median(margin) + 1e-6
+    assert np.mean([r.margin for r in rows]) < margin.mean()
+
+    csv_path = tmp_path / "next.csv"
+    # every chip of the store is labelled: the command says so
+    err = _fails(capsys, "--model", adapted, "--chips", chips, "--suggest", "3")
+    assert "every building is labelled" in err
+    store_copy = tmp_path / "store"
+    shutil.copytree(chips, store_copy)
+    import pandas as pd
+
+    frame = pd.read_csv(store_copy / "manifest.csv", dtype=str, keep_default_na=False)
+    frame.loc[frame.index % 2 == 0, ["label", "label_name"]] = ["-1", ""]
+    frame.to_csv(store_copy / "manifest.csv", index=False)
+    args = ["adapt", "--model", adapted, "--chips", store_copy, "--out", tmp_path / "a.onnx"]
+    assert run_cli(*args, "--suggest", "4", "--suggest-out", csv_path) == 0
+    ranked = pd.read_csv(csv_path, dtype={"id": str})
+    assert ranked["rank"].tolist() == [1, 2, 3, 4]
+    assert ranked["id"].is_unique
+    assert set(ranked["id"]) <= set(frame.loc[frame.index % 2 == 0, "chip_id"])
+    assert "fit:" in capsys.readouterr().err
