@@ -2,8 +2,8 @@
 
 The network is not retrained: its embedding ``z`` and raw logits are computed once for the
 labelled buildings, and a small head on top of them is fitted in well under a second. Several
-heads are tried and the one with the lowest cross-validated negative log-likelihood on the given
-labels is kept (:func:`adapt_head`):
+heads are tried and the one with the highest cross-validated macro-F1 on the given labels is kept
+(ties go to the lower cross-validated log-loss, then to the simpler head; :func:`adapt_head`):
 
 - ``base``: the base model unchanged (the reference every other head must beat).
 - ``prototype``: cosine similarity of ``z`` to per-class prototypes, each the normalised sum of
@@ -55,7 +55,10 @@ LEAVE_ONE_OUT_MAX = 40
 #: Folds of the stratified k-fold cross-validation.
 CV_FOLDS = 5
 #: The selection criterion recorded in the metadata.
-SELECTION = "lowest cross-validated negative log-likelihood (nats) of the given labels"
+SELECTION = (
+    "highest cross-validated macro-F1 on the given labels; ties to the lower cross-validated "
+    "negative log-likelihood, then to the simpler head"
+)
 #: Text of the features every head reads, recorded in the metadata.
 FEATURES = (
     "the unit-length embedding [D], then the base model's log-probabilities of the labelled "
@@ -381,7 +384,10 @@ def adapt_head(
             )
             oof[test] = head.log_probabilities(lo[test], z[test])
         candidates[method] = _metrics(oof, y)
-    best = min(methods, key=lambda m: (candidates[m]["nll"], methods.index(m)))
+    best = min(
+        methods,
+        key=lambda m: (-candidates[m]["macro_f1"], candidates[m]["nll"], methods.index(m)),
+    )
     head = fit_head(best, lo, z, y, k, base_temperature, base_prototypes)
     seconds = time.perf_counter() - start
     train = {
