@@ -381,3 +381,79 @@ def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path
     assert ranked["id"].is_unique
     assert set(ranked["id"]) <= set(frame.loc[frame.index % 2 == 0, "chip_id"])
     assert "fit:" in capsys.readouterr().err
+
+
+def test_adapt_and_suggest_on_a_georeferenced_scene(base, synthetic_scene, tmp_path, capsys):
+    import io
+
+    import pandas as pd
+
+    s = synthetic_scene
+    scene = ["--pre", *s.pre, "--post", *s.post, "--buildings", s.buildings]
+    out = tmp_path / "scene.onnx"
+    assert (
+        run_cli(
+            "adapt",
+            "--model",
+            base,
+            *scene,
+            "--label-field",
+            s.label_field,
+            "--out",
+            out,
+            "--event",
+            "test-event",
+            "--json",
+        )
+        == 0
+    )
+    block = json.loads(capsys.readouterr().out)
+    assert block["labels"]["n"] == s.covered
+    assert {k: v for k, v in block["labels"]["per_class"].items() if v} == {
+        k: v for k, v in s.per_class.items() if v
+    }
+    assert block["labels"]["events"] == {"test-event": s.covered}
+    # without --label-field every building is a candidate; ids are <event>:<uid>
+    assert run_cli("adapt", "--model", out, *scene, "--suggest", "4") == 0
+    printed = capsys.readouterr().out
+    ranked = pd.read_csv(io.StringIO(printed), dtype={"id": str})
+    assert len(ranked) == 4 and ranked["id"].is_unique
+    assert {i.split(":", 1)[1] for i in ranked["id"]} <= set(s.covered_uids)
+
+
+def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene, tmp_path):
+    from app.labelled import from_corrections
+    from app.predictor import Predictor
+    from app.web import assess_tile, save_correction
+
+    s = synthetic_scene
+    predictor = Predictor(base)
+    result = assess_tile(predictor, s.pre[0], s.post[0], s.buildings, tmp_path / "s")
+    rows = [r["#"] for r in result.rows if r["status"] == "scored"][:2]
+    save_correction(result.session, rows[0], "major-damage")
+    save_correction(result.session, rows[1], "no-damage")
+    got = from_corrections(
+        result.session / "corrections.json", predictor.spec, predictor.class_names
+    )
+    assert sorted(got.labels.tolist()) == [0, 2]
+    assert {i.split(":", 1)[1] for i in got.ids} == {result.rows[r]["uid"] for r in rows}
+
+
+def test_adapt_runs_without_torch(base, chips, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "m.onnx"
+    code = (
+        "import sys\n"
+        "from local_damage.cli import main\n"
+        f"rc = main(['adapt', '--model', {str(base)!r}, '--chips', {str(chips)!r}, "
+        f"'--out', {str(out)!r}])\n"
+        "assert rc == 0, rc\n"
+        "assert 'torch' not in sys.modules, 'adapt imported torch'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "fit: " in done.stderr and out.is_file()
