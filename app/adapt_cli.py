@@ -65,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=[],
         help="corrections saved by the app: an assessment folder (session.json + "
         "corrections.json), its corrections.json or a file under its corrections/ folder; "
-        "several accumulate",
+        "several accumulate; with --suggest, the tile's uncorrected buildings are ranked",
     )
     p.add_argument("--out", metavar="NAME.onnx", help="adapted model to write")
     p.add_argument(
@@ -111,6 +111,7 @@ def read_inputs(args: argparse.Namespace, predictor):
         from_chip_store,
         from_corrections,
         from_scene,
+        from_session,
         from_xbd,
     )
 
@@ -144,8 +145,10 @@ def read_inputs(args: argparse.Namespace, predictor):
         parts.append(
             from_xbd(args.pre[0], args.post[0], args.labels, spec, names, True, event, args.align)
         )
+    # to rank, the whole assessed tile is the pool; to adapt, the corrections' own copies suffice
+    read = from_session if args.suggest is not None else from_corrections
     for path in args.corrections:
-        parts.append(from_corrections(path, spec, names, event, args.align))
+        parts.append(read(path, spec, names, event, args.align))
     if not parts:
         raise LabelError("no buildings given: use --chips, --buildings/--labels or --corrections")
     return concat(parts, spec.chip_size)
@@ -197,7 +200,8 @@ def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
         raise LabelError(
             f"{'; '.join(buildings.sources)}: every building is labelled; --suggest ranks "
             "unlabelled buildings (a chip store's label -1, footprints without --label-field "
-            "or with an empty label, such as a scored tile's output with its --pre/--post)"
+            "or with an empty label, such as a scored tile's output with its --pre/--post, or an "
+            "app assessment's uncorrected buildings)"
         )
     rows = suggest(predictor, buildings, args.suggest, batch_size=args.batch_size)
     if args.suggest_out:

@@ -448,3 +448,66 @@ def from_corrections(
         )
     out.sources = [f"app corrections {session}: {len(out)} buildings"]
     return out
+
+
+def from_session(
+    path: str | os.PathLike,
+    spec: ChipSpec,
+    class_names: Sequence[str],
+    event: str | None = None,
+    align: str = "auto",
+    max_pixels: int | None = None,
+) -> Buildings:
+    """Every building of an assessed tile, the corrected ones labelled, the others unlabelled
+    (the pool :func:`app.suggest.suggest` ranks). Reads the tile's own imagery and footprints
+    named in ``session.json``, so they must still exist.
+
+    Raises:
+        LabelError: naming the file at fault.
+    """
+    session = session_folder(path)
+    info = json.loads((session / "session.json").read_text())
+    corrections = (
+        read_corrections(session, class_names) if (session / "corrections.json").is_file() else {}
+    )
+    for key in ("pre", "post", "footprints"):
+        if not Path(info.get(key, "")).is_file():
+            raise LabelError(
+                f"{session / 'session.json'}: the tile's {key} file {info.get(key)} no longer "
+                "exists; assess the tile again"
+            )
+    scene = str(info.get("scene", session.name))
+    if info.get("mode") == "xbd":
+        out = from_xbd(
+            info["pre"],
+            info["post"],
+            info["footprints"],
+            spec,
+            class_names,
+            False,
+            event or scene,
+            align,
+            max_pixels,
+        )
+        prefix = Path(info["footprints"]).stem.replace("_post_disaster", "")
+    else:
+        out = from_scene(
+            [info["pre"]],
+            [info["post"]],
+            info["footprints"],
+            spec,
+            class_names,
+            None,
+            event or scene,
+            None,
+            align,
+            max_pixels,
+        )
+        prefix = event or scene
+    uids = info.get("uids") or []
+    by_id = {f"{prefix}:{uids[row]}": cid for row, cid in corrections.items() if row < len(uids)}
+    out.labels = np.array([by_id.get(i, -1) for i in out.ids], np.int64)
+    out.sources = [
+        f"app assessment {session}: {len(out)} buildings, {int((out.labels >= 0).sum())} corrected"
+    ]
+    return out

@@ -249,6 +249,16 @@ def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_p
     assert sorted(fixed.labels.tolist()) == [0, 3, 3]
     assert [i.split(":", 1)[1] for i in fixed.ids] == [result.rows[r]["uid"] for r in scored]
 
+    # the whole tile for --suggest: the corrected buildings labelled, the others the pool
+    from app.labelled import from_session
+    from app.suggest import suggest
+
+    tile_all = from_session(result.session, predictor.spec, predictor.class_names)
+    assert len(tile_all) == sum(r["status"] == "scored" for r in result.rows)
+    assert sorted(tile_all.labels[tile_all.labels >= 0].tolist()) == [0, 3, 3]
+    picks = [r.id for r in suggest(predictor, tile_all, 4)]
+    assert len(set(picks)) == 4 and not set(picks) & set(fixed.ids)
+
     out = adapt_model(predictor, concat([*parts, fixed], 64), tmp_path / "mixed.onnx")
     assert out.block["labels"]["n"] == sum(int((p.labels >= 0).sum()) for p in parts) + 3
     assert any("app corrections" in s for s in out.block["labels"]["sources"])
@@ -422,7 +432,7 @@ def test_adapt_and_suggest_on_a_georeferenced_scene(base, synthetic_scene, tmp_p
 
 
 def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene, tmp_path):
-    from app.labelled import from_corrections
+    from app.labelled import from_corrections, from_session
     from app.predictor import Predictor
     from app.web import assess_tile, save_correction
 
@@ -437,6 +447,9 @@ def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene,
     )
     assert sorted(got.labels.tolist()) == [0, 2]
     assert {i.split(":", 1)[1] for i in got.ids} == {result.rows[r]["uid"] for r in rows}
+    tile_all = from_session(result.session, predictor.spec, predictor.class_names)
+    assert sorted(tile_all.labels[tile_all.labels >= 0].tolist()) == [0, 2]
+    assert len(tile_all) == sum(r["status"] == "scored" for r in result.rows)
 
 
 def test_adapt_runs_without_torch(base, chips, tmp_path):
