@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "metadata). Several heads are cross-validated on the labels (base model unchanged, "
             "class prototypes blended with the model's own, logistic regression on the "
             "embedding, and the same with the base model's log-probabilities as a prior); the "
-            "one with the highest cross-validated macro-F1 is kept (ties: lower log-loss). Classes without a label keep "
+            "one with the lowest cross-validated log-loss is kept. Classes without a label keep "
             "the base model's probabilities. Labelled buildings come from a chip store "
             "(--chips), a labelled footprint file on pre/post imagery (--buildings with "
             "--label-field, or an xBD --labels JSON) and the app's saved corrections "

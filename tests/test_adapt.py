@@ -93,8 +93,8 @@ def test_metadata_records_base_labels_and_every_candidate(base, adapted, store):
     }
     assert sum(block["labels"]["events"].values()) == len(store)
     assert set(block["cv"]["candidates"]) == set(METHODS)
-    best = max(v["macro_f1"] for v in block["cv"]["candidates"].values())
-    assert block["cv"]["candidates"][block["method"]]["macro_f1"] == best
+    best = min(v["nll"] for v in block["cv"]["candidates"].values())
+    assert block["cv"]["candidates"][block["method"]]["nll"] == best
     assert block["fit_seconds"] > 0
     # one temperature on the head's output, 1 as written; ood prototypes kept
     assert md["calibration"]["temperature"] == 1.0 and md["calibration"]["adapted"]
