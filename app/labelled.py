@@ -307,9 +307,9 @@ def from_xbd(
         disaster, buildings = parse_buildings(
             path, report, include_unclassified=True, ignore_labels=not with_labels
         )
-        bad = [s for s in report.skipped if "subtype" in s.reason]
+        bad = [s for s in report.skipped if s.reason.startswith("unknown damage label")]
         if bad:
-            raise LabelError(f"{path}: {bad[0].item}: {bad[0].reason}")
+            raise LabelError(f"{bad[0].item}: {bad[0].reason}")
         pre_img, post_img = read_tile_pair(pre, post, max_pixels)
     except (OSError, ValueError, ImageError) as exc:
         if isinstance(exc, LabelError):

@@ -275,7 +275,7 @@ def _fails(capsys, *argv) -> str:
 
 
 def test_bad_label_inputs_name_the_file_and_the_problem(
-    base, chips, synthetic_scene, tmp_path, capsys
+    base, chips, score_model, synthetic_scene, tmp_path, capsys
 ):
     out = tmp_path / "x.onnx"
     common = ["--model", base, "--out", out]
@@ -303,6 +303,24 @@ def test_bad_label_inputs_name_the_file_and_the_problem(
     empty.write_text(json.dumps(data))
     err = _fails(capsys, *common, *scene, "--buildings", empty, "--label-field", "damage")
     assert str(empty) in err and "no labelled building" in err
+
+    xbd = score_model.parent / "xbd"
+    label = sorted((xbd / "labels").glob("*_post_disaster.json"))[0]
+    tile = label.name.replace("_post_disaster.json", "")
+    data = json.loads(label.read_text())
+    data["features"]["xy"][0]["properties"]["subtype"] = "flattened"
+    bad_xbd = tmp_path / label.name
+    bad_xbd.write_text(json.dumps(data))
+    pair = [
+        "--pre",
+        next((xbd / "images").glob(f"{tile}_pre_disaster.*")),
+        "--post",
+        next((xbd / "images").glob(f"{tile}_post_disaster.*")),
+    ]
+    err = _fails(capsys, *common, *pair, "--labels", bad_xbd)
+    assert str(bad_xbd) in err and "flattened" in err
+    err = _fails(capsys, *common, *pair, "--labels", tmp_path / "none.json")
+    assert str(tmp_path / "none.json") in err and "not found" in err
 
     err = _fails(capsys, *common, "--chips", tmp_path / "nostore")
     assert "manifest.csv" in err and "nostore" in err
@@ -470,3 +488,20 @@ def test_adapt_runs_without_torch(base, chips, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "fit: " in done.stderr and out.is_file()
+
+
+def test_predictor_rejects_a_broken_head(adapted, tmp_path):
+    import onnx
+
+    from app.predictor import ModelError, Predictor
+
+    proto = onnx.load(str(adapted))
+    for prop in proto.metadata_props:
+        if prop.key == "adaptation":
+            block = json.loads(prop.value)
+            block["head"]["class_ids"] = [0, 9]
+            prop.value = json.dumps(block)
+    broken = tmp_path / "broken.onnx"
+    onnx.save(proto, str(broken))
+    with pytest.raises(ModelError, match=r"broken\.onnx: metadata adaptation: class_ids"):
+        Predictor(broken)
