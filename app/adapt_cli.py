@@ -146,9 +146,20 @@ def read_inputs(args: argparse.Namespace, predictor):
             from_xbd(args.pre[0], args.post[0], args.labels, spec, names, True, event, args.align)
         )
     # to rank, the whole assessed tile is the pool; to adapt, the corrections' own copies suffice
+    # several assessments: one that cannot be read is reported and left out, the rest go on
     read = from_session if args.suggest is not None else from_corrections
+    left_out = []
     for path in args.corrections:
-        parts.append(read(path, spec, names, event, args.align))
+        try:
+            parts.append(read(path, spec, names, event, args.align))
+        except LabelError as exc:
+            if len(args.corrections) == 1:
+                raise
+            left_out.append(str(exc))
+    for problem in left_out:
+        print(f"warning: left out: {problem}", file=sys.stderr)
+    if args.corrections and len(left_out) == len(args.corrections):
+        raise LabelError(f"none of the {len(left_out)} --corrections could be read (above)")
     if not parts:
         raise LabelError("no buildings given: use --chips, --buildings/--labels or --corrections")
     return concat(parts, spec.chip_size)

@@ -218,7 +218,7 @@ def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
     assert all("flags" in p for p in scored)
 
 
-def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path):
+def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path, capsys):
     from app.adapt import adapt_model
     from app.labelled import concat, from_corrections, from_xbd
     from app.predictor import Predictor
@@ -258,6 +258,16 @@ def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_p
     assert sorted(tile_all.labels[tile_all.labels >= 0].tolist()) == [0, 3, 3]
     picks = [r.id for r in suggest(predictor, tile_all, 4)]
     assert len(set(picks)) == 4 and not set(picks) & set(fixed.ids)
+
+    # the command: an assessment without corrections is reported and left out
+    empty = tmp_path / "empty-session"
+    empty.mkdir()
+    (empty / "session.json").write_text(json.dumps({"mode": "xbd", "scene": "t"}))
+    args = ["adapt", "--model", base, "--corrections", result.session, empty]
+    assert run_cli(*args, "--out", tmp_path / "fixed.onnx") == 0
+    err = capsys.readouterr().err
+    assert f"warning: left out: {empty / 'corrections.json'}" in err
+    assert "on 3 labels" in err
 
     out = adapt_model(predictor, concat([*parts, fixed], 64), tmp_path / "mixed.onnx")
     assert out.block["labels"]["n"] == sum(int((p.labels >= 0).sum()) for p in parts) + 3
