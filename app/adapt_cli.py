@@ -166,7 +166,8 @@ def read_inputs(args: argparse.Namespace, predictor):
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.adapt import AdaptError, adapt_model, format_adaptation
+    from app.adapt import AdaptError
+    from app.adapted import adapt_model, format_adaptation
     from app.labelled import LabelError
     from app.predictor import ModelError, Predictor, default_model
 

@@ -325,7 +325,7 @@ class Predictor:
         model never flags ``ood``), the adapted head without its weights (None: not adapted),
         licence, chip spec, input size, precision, parity, and the
         providers in use."""
-        from app.adapt import adaptation_summary
+        from app.adapted import adaptation_summary
         from app.flags import ood_summary
 
         md = self.metadata

@@ -113,7 +113,7 @@ def test_model_card_shows_the_adaptation(adapted, base):
 
 
 def test_adapting_an_adapted_model_refits_from_the_base(adapted, base, store, tmp_path):
-    from app.adapt import adapt_model
+    from app.adapted import adapt_model
     from app.predictor import Predictor
 
     again = adapt_model(Predictor(adapted), store, tmp_path / "again.onnx").block
@@ -134,7 +134,7 @@ def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_pat
     """Labels of no-damage and destroyed only: for every building, p(minor) and p(major) are
     the base model's calibrated probabilities, and a building the base model gives one of them
     with p > 0.5 keeps that grade."""
-    from app.adapt import adapt_model
+    from app.adapted import adapt_model
     from app.labelled import Buildings
     from app.predictor import Predictor
 
@@ -219,7 +219,7 @@ def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
 
 
 def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path, capsys):
-    from app.adapt import adapt_model
+    from app.adapted import adapt_model
     from app.labelled import concat, from_corrections, from_xbd
     from app.predictor import Predictor
     from app.web import assess_tile, save_correction
