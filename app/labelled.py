@@ -8,7 +8,7 @@ Three sources, each cut with the model's chip spec by the code the scoring path 
   imagery (label in an attribute, as for ``prepare scene --label-field``), or an xBD label JSON
   (``subtype``) on its pixel-aligned image pair; the scene is aligned as ``score`` aligns it.
 - :func:`from_corrections`: the corrections the web app saves for an assessed tile (its
-  ``session.json`` + ``corrections.json`` folder; see :func:`app.web.save_correction`).
+  ``session.json`` + ``corrections.json`` folder; see :func:`app.assessments.save_correction`).
 
 Every error names the file at fault and what is wrong (:class:`LabelError`).
 """
