@@ -375,11 +375,16 @@ def _parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
 
 
 def list_models(folder: str | os.PathLike = "models") -> list[Path]:
-    """The ``.onnx`` files in ``folder`` (not recursive), sorted by name; empty when absent."""
+    """The ``.onnx`` files in ``folder`` (not recursive), sorted by name; empty when absent.
+    Hidden files (a model being written atomically is a hidden temporary) are left out."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.suffix == ".onnx" and p.is_file())
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.suffix == ".onnx" and not p.name.startswith(".") and p.is_file()
+    )
 
 
 #: File name of the bundled model that every command uses when no --model is given.
