@@ -3,7 +3,9 @@
 The browser test needs Debian's ``chromium`` at /usr/bin/chromium (``.ci/run`` installs it) and
 skips with a message when it is absent. It uploads a synthetic 1024 x 1024 xBD-format tile with
 150 buildings, clicks "Assess", checks the overlay and the table, prints the time from the click
-to the overlay and saves a screenshot to ``test-artifacts/app_browser.png``.
+to the overlay and saves a screenshot to ``test-artifacts/app_browser.png``. It then corrects two
+buildings, clicks "Adapt" (the picker gains and chooses the adapted model, the tile is graded
+again with it) and "Suggest next", and prints the time from the Adapt click to the new overlay.
 """
 
 from __future__ import annotations
@@ -186,7 +188,46 @@ def test_browser_assess_tile(server, bench_model, bench_tile):
             expect(page.get_by_text("int8, 128 px input")).to_be_visible(timeout=30_000)
             seconds_int8 = _assess(page, "resnet18-128-int8")
             expect(summary).to_contain_text(f"{N_BUILDINGS} buildings", timeout=30_000)
+
+            # correct two buildings, Adapt the int8 model: the picker gains the adapted model and
+            # chooses it, and the tile is graded again with it
+            for row, grade in ((0, "destroyed"), (1, "no-damage")):
+                page.locator("#row input").fill(str(row))
+                page.locator("#row input").press("Enter")
+                page.locator("#right-class input").click()
+                page.get_by_role("option", name=grade, exact=True).click()
+                page.locator("#save-correction").click()
+                expect(page.locator("#correct-msg")).to_contain_text(
+                    f"building #{row} is {grade}", timeout=30_000
+                )
+            expect(page.locator("#event input")).to_have_value("synthetic-flood")
+            adapted = "synthetic-flood-adapted-1"
+            start = time.perf_counter()
+            page.locator("#adapt").click()
+            expect(page.locator("#adapt-status")).to_contain_text(
+                "Adapted to 2 corrected buildings of event synthetic-flood", timeout=120_000
+            )
+            expect(summary).to_contain_text(f"with {adapted}.", timeout=30_000)
+            seconds_adapt = time.perf_counter() - start
+            expect(page.locator("#model input")).to_have_value(f"{adapted}.onnx")
+            expect(page.get_by_text("adapted to a new event: yes")).to_be_visible()
+            expect(page.locator("#adapt-status")).to_contain_text("destroyed 1")
+            # Suggest: the uncorrected buildings to correct next; clicking one shows its chips
+            page.locator("#suggest").click()
+            suggestions = page.locator("#suggestions")
+            expect(suggestions.get_by_role("columnheader", name="uncertainty")).to_be_visible()
+            expect(suggestions.get_by_role("gridcell", name="1", exact=True).first).to_be_visible(
+                timeout=30_000
+            )
+            cells = suggestions.get_by_role("row").nth(1).get_by_role("gridcell")
+            picked = cells.nth(1).inner_text().strip()  # its # in the building table
+            assert picked not in ("0", "1")  # the corrected buildings are not suggested
+            cells.nth(0).click()
+            expect(page.locator("#row input")).to_have_value(picked, timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "app_browser_adapt.png"), full_page=True)
+
             timings = [("ResNet-18 128 px fp32", seconds), ("ResNet-18 128 px int8", seconds_int8)]
+            timings.append(("Adapt (2 corrections) + grading again, int8", seconds_adapt))
 
             default = bench_model.parent / "default.onnx"
             if default.is_file():  # the bundled default model, as a newcomer gets it
