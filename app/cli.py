@@ -339,7 +339,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the web app for analysts (Gradio; ONNX Runtime, no PyTorch)",
         description=(
             "Serve the analysts' web app: tile mode (pre/post tile + footprints -> overlay, "
-            "per-building table, GeoJSON/CSV, chips, corrections) and chip mode (one chip pair -> "
+            "per-building table, GeoJSON/CSV, chips, corrections, Adapt to the corrections of "
+            "the tile's event and Suggest what to correct next) and chip mode (one chip pair -> "
             "class probabilities and a heatmap of where the model saw change). The same "
             "functions are HTTP API endpoints `assess_tile` and `assess_chip` (gradio_client); "
             "see docs/app.md. Binds to 127.0.0.1 unless --host says otherwise; never makes a "
@@ -372,7 +373,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     web.add_argument(
         "--work",
         metavar="DIR",
-        help="folder for each assessment's outputs and corrections (default: a temporary folder)",
+        help="folder for each assessment's outputs and corrections (DIR/sessions) and the models "
+        "adapted in the app (DIR/models, offered in the picker; default: a temporary folder)",
     )
     max_pixels_argument(web, default=12_000 * 12_000)  # app.web.MAX_PIXELS, without importing it
     web.set_defaults(func=_run_app)
