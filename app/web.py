@@ -915,6 +915,13 @@ def build_app(
             )
             card = gr.Markdown(on_model(choices[0]) if choices else "No model found.")
         model_in.change(on_model, model_in, card, api_visibility="private")
+        # a page opened later offers the models adapted since the app started too
+        demo.load(
+            lambda: gr.Dropdown(choices=[(Path(c).name, c) for c in models.allowed]),
+            None,
+            model_in,
+            api_visibility="private",
+        )
         session = gr.State(None)
 
         with gr.Tab("Tile"):

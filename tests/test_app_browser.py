@@ -225,6 +225,13 @@ def test_browser_assess_tile(server, bench_model, bench_tile):
             cells.nth(0).click()
             expect(page.locator("#row input")).to_have_value(picked, timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "app_browser_adapt.png"), full_page=True)
+            later = browser.new_page()  # a page opened later offers the adapted model too
+            later.goto(server, wait_until="domcontentloaded")
+            later.locator("#model input").click()
+            expect(later.get_by_role("option", name=f"{adapted}.onnx")).to_be_visible(
+                timeout=30_000
+            )
+            later.close()
 
             timings = [("ResNet-18 128 px fp32", seconds), ("ResNet-18 128 px int8", seconds_int8)]
             timings.append(("Adapt (2 corrections) + grading again, int8", seconds_adapt))
