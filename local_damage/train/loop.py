@@ -131,6 +131,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     holdout: int | None = None,
+    ids: tuple[list[str], list[str]] | None = None,
 ) -> dict[str, Any]:
     """Train a model on a chip store and write the run folder ``out``.
 
@@ -144,6 +145,9 @@ def train(
             test tiles of a model whose figures must not be tuned on (``evaluate --fold``).
         init: start from the weights of a run folder or .safetensors file (fine-tuning).
         resume: continue from ``out``'s last checkpoint exactly (same config, optimiser, RNG).
+        ids: ``(train_ids, val_ids)`` chip ids chosen by the caller instead of ``fold`` and
+            ``holdout`` (e.g. the other events of a leave-one-event-out comparison); an empty
+            ``val_ids`` trains without validation.
 
     Returns:
         The run summary (also written to ``out/summary.json``).
@@ -159,7 +163,11 @@ def train(
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
     # Data: training and validation chip ids, labelled chips only.
-    if fold is not None or holdout is not None:
+    if ids is not None:
+        if fold is not None or holdout is not None:
+            raise ValueError("give chip ids or a fold/holdout of splits.csv, not both")
+        train_ids, val_ids = list(ids[0]), list(ids[1])
+    elif fold is not None or holdout is not None:
         from data_prep.split import fold_indices
 
         train_ids, val_ids = fold_indices(chips, fold, holdout)
