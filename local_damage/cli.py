@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         cv,
         evaluate,
         export,
+        fewshot,
         geometry,
         probe,
     )
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_prep_cli.register_bench(bench_sub)
     bench_train.add_parser(bench_sub)
     bench_infer.add_parser(bench_sub)
+    fewshot.add_parser(bench_sub)
     bench_flags.add_parser(bench_sub)
     bench_alignment.add_parser(bench_sub)
     return parser
