@@ -204,8 +204,9 @@ def export_base(run: Path, out: Path, chips, val_ids: Sequence[str], input_size:
         proto = onnx.load(str(staged))
         if val_ids:
             pre, post, labels = load_chips(chips, list(val_ids), input_size)
-            pred = Predictor(staged).predict(pre, post)
-            names = list(Predictor(staged).class_names)
+            predictor = Predictor(staged)
+            pred = predictor.predict(pre, post)
+            names = list(predictor.class_names)
             fitted_on = {"chips": str(chips), "selection": "validation slice", "n": len(labels)}
             props: dict[str, Any] = {}
             try:
