@@ -158,7 +158,12 @@ def _run_bench_prepare(args: argparse.Namespace) -> int:
 
     try:
         bench_prepare(
-            args.root, spec=_spec(args), workers=args.workers, limit=args.limit, as_json=args.json
+            args.root,
+            spec=_spec(args),
+            workers=args.workers,
+            limit=args.limit,
+            as_json=args.json,
+            repeat=args.repeat,
         )
     except XbdRootError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -276,5 +281,12 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:
         help="worker counts to measure (default 1 2)",
     )
     bp.add_argument("--limit", type=int, metavar="TILES", help="use only the first TILES tiles")
+    bp.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        metavar="N",
+        help="runs of each measurement, alternating; the fastest counts (default 3)",
+    )
     bp.add_argument("--json", action="store_true", help="print the figures as JSON")
     bp.set_defaults(func=_run_bench_prepare)

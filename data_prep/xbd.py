@@ -23,7 +23,7 @@ import numpy as np
 
 from data_prep import quality
 from data_prep.imagery import ImageError, read_rgb, read_rgb_pair
-from data_prep.quality import BLANK, blank_reason
+from data_prep.quality import BLANK, blank_reasons
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, UNCLASSIFIED, UNLABELLED, ChipSpec, parse_label
 from data_prep.store import start_store, write_manifest, write_shard
@@ -418,36 +418,47 @@ def cut_tile(
     height, width = pre.shape[:2]
     size = spec.chip_size
     pre_chips, post_chips = _chip_buffers(len(buildings), size)
-    kept: list[tuple[Building, tuple[int, int, int]]] = []
+    # every building cut first, then the blank check over the tile's chips at once; the report
+    # keeps label-file order (``cut`` holds a chip slot, or None for a skipped building)
+    cut: list[tuple[Building, int | None, tuple[int, int, int] | str]] = []
+    n = 0
     for b in buildings:
         minx, miny, maxx, maxy = b.bbox
         if maxx <= 0 or maxy <= 0 or minx >= width or miny >= height:
-            report.skip(
-                f"{tile.label} building {b.uid}",
-                f"polygon bounds ({minx:.1f}, {miny:.1f}, {maxx:.1f}, {maxy:.1f}) lie entirely "
-                f"outside the {width}x{height} px tile",
+            cut.append(
+                (
+                    b,
+                    None,
+                    f"polygon bounds ({minx:.1f}, {miny:.1f}, {maxx:.1f}, {maxy:.1f}) lie "
+                    f"entirely outside the {width}x{height} px tile",
+                )
             )
             continue
         window = chip_window(b.centroid, b.bbox, spec)
-        n = len(kept)
-        c0, r0, c1, r1 = (
-            window.col_off,
-            window.row_off,
-            window.col_off + window.size,
-            window.row_off + window.size,
-        )
+        c0, r0 = window.col_off, window.row_off
+        c1, r1 = c0 + window.size, r0 + window.size
         if c0 >= 0 and r0 >= 0 and c1 <= width and r1 <= height:
             # inside the tile: a view is what crop_boundless would copy out
-            pre_chips[n] = resize_chip(pre[r0:r1, c0:c1], size)
-            post_chips[n] = resize_chip(post[r0:r1, c0:c1], size)
+            resize_chip(pre[r0:r1, c0:c1], size, out=pre_chips[n])
+            resize_chip(post[r0:r1, c0:c1], size, out=post_chips[n])
         else:
-            pre_chips[n] = resize_chip(crop_boundless(pre, window), size)
-            post_chips[n] = resize_chip(crop_boundless(post, window), size)
-        blank = blank_reason(pre_chips[n], post_chips[n])
-        if blank:
-            report.skip(f"{tile.label} building {b.uid}", blank)
+            resize_chip(crop_boundless(pre, window), size, out=pre_chips[n])
+            resize_chip(crop_boundless(post, window), size, out=post_chips[n])
+        cut.append((b, n, (c0, r0, window.size)))
+        n += 1
+    blanks = blank_reasons(pre_chips[:n], post_chips[:n])
+    kept: list[tuple[Building, tuple[int, int, int]]] = []
+    slots: list[int] = []
+    for b, slot, what in cut:
+        reason = what if slot is None else blanks[slot]
+        if reason:
+            report.skip(f"{tile.label} building {b.uid}", reason)
             continue
-        kept.append((b, (window.col_off, window.row_off, window.size)))
+        kept.append((b, what))
+        slots.append(slot)
+    if len(slots) < n:  # blank chips dropped: close the gaps, in order
+        pre_chips[: len(slots)] = pre_chips[slots]
+        post_chips[: len(slots)] = post_chips[slots]
     if not kept:
         return [], report
 

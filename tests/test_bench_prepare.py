@@ -77,3 +77,25 @@ def test_bench_table_and_cli(synthetic_xbd, capsys):
     figures = json.loads(capsys.readouterr().out)
     assert rc == 0 and figures["results"][0]["extract_buildings_per_s"] > 0
     assert format_table(figures).splitlines()[0].startswith("xBD chip extraction: 3 tiles")
+
+
+def test_bench_json_checks_targets(synthetic_xbd, capsys):
+    figures = bench_prepare(
+        synthetic_xbd, spec=ChipSpec(chip_size=32), workers=[2, 1], as_json=True, repeat=1
+    )
+    capsys.readouterr()
+    by_workers = {r["workers"]: r for r in figures["results"]}
+    assert by_workers[1]["speedup"] == 1.0  # speedup is over one worker, whatever the order
+    checks = figures["checks"]
+    assert checks["ratio_one_worker"] == by_workers[1]["ratio"]
+    assert checks["ratio_one_worker_met"] == (by_workers[1]["ratio"] >= 0.70)
+    assert checks["speedup_two_workers"] == by_workers[2]["speedup"]
+    assert checks["speedup_two_workers_met"] == (by_workers[2]["speedup"] >= 1.8)
+    load = figures["load_average"]
+    assert len(load["before"]) == 3 and all(x >= 0 for x in load["after"])
+
+    only_two = bench_prepare(
+        synthetic_xbd, spec=ChipSpec(chip_size=32), workers=[2], repeat=1, print_result=False
+    )
+    assert only_two["checks"]["ratio_one_worker_met"] is None
+    assert only_two["checks"]["speedup_two_workers_met"] is None

@@ -158,6 +158,47 @@ def test_is_blank_flags_flat_chips_only():
     assert quality.blank_reason(chip, np.zeros_like(chip)).startswith("blank imagery (the post")
 
 
+def test_blank_check_of_a_batch_equals_the_full_count():
+    """The strided-sample shortcut must never change a decision: chips near the threshold (a
+    flat share just under and just over 95%, flat areas placed so the sample over- or
+    under-represents them) are decided as the exact pixel count decides them."""
+    rng = np.random.default_rng(1)
+    size = 32
+    chips = []
+    for share in (0.0, 0.5, 0.8, 0.93, 0.945, 0.949, 0.951, 0.96, 1.0):
+        for layout in ("rows", "sampled", "unsampled", "random"):
+            chip = rng.integers(1, 256, (size, size, 3), dtype=np.uint8)
+            flat = np.zeros(size * size, dtype=bool)
+            k = int(round(share * size * size))
+            on_sample = np.zeros((size, size), dtype=bool)
+            on_sample[::4, ::4] = True
+            if layout == "rows":
+                order = np.arange(size * size)
+            elif layout == "sampled":  # the sampled pixels flat first
+                order = np.argsort(~on_sample.ravel(), kind="stable")
+            elif layout == "unsampled":  # the sampled pixels flat last
+                order = np.argsort(on_sample.ravel(), kind="stable")
+            else:
+                order = rng.permutation(size * size)
+            flat[order[:k]] = True
+            chip.reshape(-1, 3)[flat] = 0
+            chips.append(chip)
+    chips = np.stack(chips)
+    expected = [
+        np.unique(c.reshape(-1, 3), axis=0, return_counts=True)[1].max() >= 0.95 * size * size
+        for c in chips
+    ]
+    assert any(expected) and not all(expected)
+    assert [quality.is_blank(c) for c in chips] == expected
+    reasons = quality.blank_reasons(chips, chips[::-1].copy())
+    assert reasons == [quality.blank_reason(a, b) for a, b in zip(chips, chips[::-1], strict=True)]
+    assert [r is not None for r in reasons] == [
+        a or b for a, b in zip(expected, expected[::-1], strict=True)
+    ]
+    with pytest.raises(ValueError, match="3 pre chips but 2 post"):
+        quality.blank_reasons(chips[:3], chips[:2])
+
+
 def test_max_pixels_from_argument_environment_and_default(monkeypatch):
     monkeypatch.delenv(quality.MAX_PIXELS_ENV, raising=False)
     assert quality.max_pixels() == quality.MAX_PIXELS
@@ -273,6 +314,37 @@ def test_blank_or_wrong_band_count_tile_writes_nothing(xbd_tile, tmp_path, predi
             progress=False,
         )
     assert not (tmp_path / "o.gpkg").exists()
+
+
+def test_blank_chips_inside_a_tile_are_skipped_and_the_rest_keep_their_chips(xbd_tile, tmp_path):
+    """A flat patch under a few buildings of the post image: those buildings are skipped as blank,
+    in label order, and every other building keeps exactly the chips it had before."""
+    before = tmp_path / "before"
+    prepare_xbd(xbd_tile["root"], before, progress=False)
+    rows = read_manifest(before).reset_index(drop=True)
+    assert len(rows) >= 4
+    target = rows.iloc[len(rows) // 2]  # a building in the middle of the label file
+
+    def make(stem, old):
+        bands = read_bands(old)
+        c0, r0, size = int(target.win_col), int(target.win_row), int(target.win_size)
+        bands[:, max(r0, 0) : r0 + size, max(c0, 0) : c0 + size] = 0
+        return write_raster(stem.with_suffix(".tif"), bands)
+
+    replace_image(xbd_tile, "post", make)
+    after = tmp_path / "after"
+    report = prepare_xbd(xbd_tile["root"], after, progress=False)
+    blank = [s for s in report.skipped if s.reason.startswith("blank imagery (the post chip")]
+    assert any(s.item.endswith(f"building {target.uid}") for s in blank)
+    kept = read_manifest(after).reset_index(drop=True)
+    gone = {s.item.rsplit("building ", 1)[1] for s in blank}
+    assert list(kept.uid) == [u for u in rows.uid if u not in gone]  # label order kept
+    old_pre = np.load(before / rows.pre_file[0])
+    new_pre = np.load(after / kept.pre_file[0])
+    where = dict(zip(rows.uid, rows["index"], strict=True))
+    for i, uid in enumerate(kept.uid):
+        assert kept["index"][i] == i
+        np.testing.assert_array_equal(new_pre[i], old_pre[where[uid]])
 
 
 def test_cli_max_pixels_flag_and_environment(xbd_tile, tmp_path, capsys, monkeypatch):
