@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,38 @@ def store_folds(chips: str | Path) -> list[int]:
     return sorted(int(f) for f in pd.read_csv(path, usecols=["fold"])["fold"].unique())
 
 
+def _prototype_chips(
+    chips: Path, fold: int | None, prototype_folds: list[int] | None
+) -> tuple[list[str], list[int] | None, str]:
+    """``(chip ids, folds, description)`` of the chips prototypes come from (see :func:`fit_ood`)."""
+    from local_damage.evaluate import select_chips
+
+    if prototype_folds is None and fold is not None:
+        prototype_folds = [f for f in store_folds(chips) if f != fold]
+    if prototype_folds is None:
+        return select_chips(chips, None)[0], None, f"all labelled chips of {chips}"
+    known = store_folds(chips)
+    bad = [f for f in prototype_folds if f not in known]
+    if bad or not prototype_folds:
+        raise ValueError(
+            f"{chips / 'splits.csv'}: prototype fold(s) {bad or prototype_folds} not usable; "
+            f"the folds are {known}"
+        )
+    if fold is not None and fold in prototype_folds:
+        raise ValueError(
+            f"--prototype-folds {prototype_folds} include the calibration fold {fold}; the "
+            "threshold must be chosen on chips the prototypes were not made from"
+        )
+    ids: list[str] = []
+    for f in prototype_folds:
+        ids += select_chips(chips, f)[0]
+    return (
+        ids,
+        prototype_folds,
+        f"folds {', '.join(map(str, prototype_folds))} of {chips / 'splits.csv'}",
+    )
+
+
 def fit_ood(
     scorer,
     chips: str | Path,
@@ -83,6 +116,7 @@ def fit_ood(
     quantile: float = OOD_QUANTILE,
     batch_size: int = 64,
     progress: bool = False,
+    prototype_ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Class prototypes and the ``ood`` threshold of a model (the ``ood`` metadata prop).
 
@@ -97,6 +131,8 @@ def fit_ood(
         quantile: the fraction of calibration chips the threshold is meant to flag.
         batch_size: chip pairs per ONNX Runtime call.
         progress: show a progress bar.
+        prototype_ids: the chips whose labels give the prototypes, instead of folds (e.g. a
+            validation slice); ``prototype_folds`` must then be None.
 
     Returns:
         The block of :func:`app.flags.ood_block`.
@@ -107,31 +143,14 @@ def fit_ood(
     import numpy as np
 
     from app.flags import class_prototypes, ood_block, ood_scores, ood_threshold
-    from local_damage.evaluate import select_chips
 
     chips = Path(chips)
-    if prototype_folds is None and fold is not None:
-        prototype_folds = [f for f in store_folds(chips) if f != fold]
-    if prototype_folds is not None:
-        known = store_folds(chips)
-        bad = [f for f in prototype_folds if f not in known]
-        if bad or not prototype_folds:
-            raise ValueError(
-                f"{chips / 'splits.csv'}: prototype fold(s) {bad or prototype_folds} not usable; "
-                f"the folds are {known}"
-            )
-        if fold is not None and fold in prototype_folds:
-            raise ValueError(
-                f"--prototype-folds {prototype_folds} include the calibration fold {fold}; the "
-                "threshold must be chosen on chips the prototypes were not made from"
-            )
-        ids: list[str] = []
-        for f in prototype_folds:
-            ids += select_chips(chips, f)[0]
-        selection = f"folds {', '.join(map(str, prototype_folds))} of {chips / 'splits.csv'}"
+    if prototype_ids is not None:
+        if prototype_folds is not None:
+            raise ValueError("give prototype folds or prototype chips, not both")
+        ids, selection = list(prototype_ids), f"{len(prototype_ids)} given chips of {chips}"
     else:
-        ids = select_chips(chips, None)[0]
-        selection = f"all labelled chips of {chips}"
+        ids, prototype_folds, selection = _prototype_chips(chips, fold, prototype_folds)
     scored = scorer.score(chips, ids, views=1, batch_size=batch_size, progress=progress)
     names = list(scorer.class_names)
     protos, classes = class_prototypes(scored.z, scored.labels, len(names))
@@ -167,6 +186,9 @@ def calibrate_model(
     ood: bool = True,
     prototype_folds: list[int] | None = None,
     ood_quantile: float = OOD_QUANTILE,
+    chip_ids: Sequence[str] | None = None,
+    selection: str = "given chips",
+    prototype_ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Fit a temperature to ``model`` on labelled chips and write the calibrated model to ``out``;
     also store the class prototypes and ``ood`` threshold (:func:`fit_ood`) unless ``ood`` is
@@ -183,6 +205,10 @@ def calibrate_model(
         ood: also store the ``ood`` block; False leaves a model's existing one as it is.
         prototype_folds: folds the prototypes come from (see :func:`fit_ood`).
         ood_quantile: fraction of the calibration chips the ``ood`` threshold flags.
+        chip_ids: fit on these labelled chips instead of a fold (``fold`` must then be None);
+            ``selection`` says what they are in the stored block.
+        selection: a short description of ``chip_ids``.
+        prototype_ids: the chips the prototypes come from, instead of ``prototype_folds``.
 
     Returns:
         ``{"calibration": block, "ood": block or None}``: the ``calibration`` block stored in
@@ -211,10 +237,18 @@ def calibrate_model(
         raise ValueError(f"{out}: the model file name must end in .onnx")
     if not 0 < ood_quantile < 1:
         raise ValueError(f"the ood quantile must lie in (0, 1), got {ood_quantile}")
+    if prototype_ids is not None and prototype_folds is not None:
+        raise ValueError("give prototype folds or prototype chips, not both")
     scorer = OnnxScorer(model)
-    chip_ids, description, unlabelled = select_chips(chips, fold)
+    note = None
+    if chip_ids is None:
+        chip_ids, description, unlabelled = select_chips(chips, fold)
+        note = fold_note(scorer.predictor.metadata, fold)
+    elif fold is not None:
+        raise ValueError("give a calibration fold or calibration chips, not both")
+    else:  # chips the caller chose (e.g. a validation slice); it answers for them
+        chip_ids, description, unlabelled = list(chip_ids), selection, 0
     warn_spec_mismatch(scorer, chips)
-    note = fold_note(scorer.predictor.metadata, fold)
     if note:
         print(note, file=sys.stderr)
     scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
@@ -239,7 +273,15 @@ def calibrate_model(
     ood_block = None
     if ood:
         ood_block = fit_ood(
-            scorer, chips, scored, fold, prototype_folds, ood_quantile, batch_size, progress
+            scorer,
+            chips,
+            scored,
+            fold,
+            prototype_folds,
+            ood_quantile,
+            batch_size,
+            progress,
+            prototype_ids=prototype_ids,
         )
         props[flags.METADATA_KEY] = ood_block
     proto = onnx.load(str(model))

@@ -185,48 +185,37 @@ def prepare_base(cfg, chips, folder: Path, ids, progress: bool) -> tuple[Path, P
     weights = run / ckpt.BEST
     fresh = onnx_path.is_file() and onnx_path.stat().st_mtime >= weights.stat().st_mtime
     if not fresh:
-        export_base(run, onnx_path, chips, ids[1], cfg.data.input_size)
+        export_base(run, onnx_path, chips, ids[1])
     return run, onnx_path, how
 
 
-def export_base(run: Path, out: Path, chips, val_ids: Sequence[str], input_size: int) -> Path:
+def export_base(run: Path, out: Path, chips, val_ids: Sequence[str]) -> Path:
     """Export ``run`` to ``out`` (parity-checked) with a temperature and ``ood`` prototypes
-    fitted on the validation slice ``val_ids`` (none when it is empty), atomically."""
+    fitted on the validation slice ``val_ids`` (none when it is empty, or when no temperature
+    fits it), atomically; the calibration is :func:`local_damage.calibrate.calibrate_model`'s.
+    """
     import onnx
 
-    from app import calibration, flags
-    from app.predictor import Predictor
-    from local_damage.export import export_run, load_chips, save_onnx, set_metadata
+    from local_damage.calibrate import calibrate_model
+    from local_damage.export import export_run, save_onnx
 
     with tempfile.TemporaryDirectory(prefix="fewshot-export-", dir=out.parent) as tmp:
         staged = Path(tmp) / "base.onnx"
         export_run(run, staged, chips=chips, parity_limit=64, calibration_limit=8)
-        proto = onnx.load(str(staged))
         if val_ids:
-            pre, post, labels = load_chips(chips, list(val_ids), input_size)
-            predictor = Predictor(staged)
-            pred = predictor.predict(pre, post)
-            names = list(predictor.class_names)
-            fitted_on = {"chips": str(chips), "selection": "validation slice", "n": len(labels)}
-            props: dict[str, Any] = {}
             try:
-                t = calibration.fit_temperature(pred.logits, labels)
-                props[calibration.METADATA_KEY] = calibration.calibration_block(t, fitted_on)
-            except ValueError as exc:  # e.g. a slice the model separates perfectly
-                print(f"{run}: no temperature fitted ({exc})", file=sys.stderr)
-            protos, classes = flags.class_prototypes(pred.embedding, labels, len(names))
-            if len(classes):
-                scores = flags.ood_scores(pred.embedding, protos)
-                props[flags.METADATA_KEY] = flags.ood_block(
-                    protos,
-                    flags.ood_threshold(scores, 0.01),
-                    [names[c] for c in classes],
-                    0.01,
-                    prototypes_from=fitted_on,
-                    threshold_from=fitted_on,
+                calibrate_model(
+                    staged,
+                    chips,
+                    out,
+                    chip_ids=list(val_ids),
+                    selection="validation slice",
+                    prototype_ids=list(val_ids),
                 )
-            set_metadata(proto, props)
-        save_onnx(proto, out)
+                return out
+            except ValueError as exc:  # e.g. a slice the model separates perfectly
+                print(f"{run}: not calibrated ({exc})", file=sys.stderr)
+        save_onnx(onnx.load(str(staged)), out)
     return out
 
 

@@ -224,6 +224,38 @@ def test_calibrate_writes_the_temperature_and_the_predictor_applies_it(
     del session
 
 
+def test_calibrate_on_given_chips_equals_the_fold_they_make_up(
+    calibrated, score_model, chips, tmp_path
+):
+    """Chips given by id (a validation slice) fit what the same chips as a fold fit; the stored
+    block names the selection; the prototypes can come from given chips too."""
+    from data_prep.split import fold_indices
+    from local_damage.calibrate import calibrate_model
+    from local_damage.evaluate import select_chips
+
+    ids = select_chips(chips, 0)[0]
+    assert set(ids) <= set(fold_indices(chips, 0)[1])
+    out = tmp_path / "given.onnx"
+    got = calibrate_model(
+        score_model, chips, out, chip_ids=ids, selection="validation slice", prototype_ids=ids
+    )
+    fold_block = _props(calibrated)["calibration"]
+    block = got["calibration"]
+    assert block["temperature"] == pytest.approx(fold_block["temperature"], rel=1e-6)
+    assert block["fitted_on"]["selection"] == "validation slice"
+    assert block["fitted_on"]["fold"] is None and block["fitted_on"]["n"] == len(ids)
+    ood = got["ood"]
+    assert ood["prototypes_from"]["selection"] == f"{len(ids)} given chips of {chips}"
+    assert _props(out)["ood"]["threshold"] == ood["threshold"]
+    with pytest.raises(ValueError, match="fold or calibration chips, not both"):
+        calibrate_model(score_model, chips, tmp_path / "x.onnx", fold=0, chip_ids=ids)
+    with pytest.raises(ValueError, match="prototype folds or prototype chips, not both"):
+        calibrate_model(
+            score_model, chips, tmp_path / "x.onnx", prototype_folds=[1], prototype_ids=ids
+        )
+    assert not (tmp_path / "x.onnx").exists()
+
+
 def test_calibrate_in_place_replaces_the_temperature(calibrated, chips, tmp_path):
     model = tmp_path / "m.onnx"
     shutil.copy(calibrated, model)
