@@ -11,10 +11,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,12 +37,13 @@ BATCH_SUMMARY = "summary.json"
 
 @dataclass(frozen=True)
 class SceneJob:
-    """One scene of a batch: its name (the output file stem) and input files."""
+    """One scene of a batch: its name (the output file stem) and input files (``buildings``
+    None: no footprints, the localiser finds the buildings; :mod:`app.detect`)."""
 
     name: str
     pre: tuple[str, ...]
     post: tuple[str, ...]
-    buildings: str
+    buildings: str | None
 
 
 def _split_paths(text: str, base: Path) -> tuple[str, ...]:
@@ -56,12 +60,14 @@ def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Ski
     """The scenes of a batch from a CSV file or a folder of scene folders.
 
     CSV: columns ``pre``, ``post``, ``buildings`` (several files separated by ``;``; relative
-    paths are resolved against the CSV's folder) and optionally ``name``. Without a name, a scene
-    is named after its footprint file's stem, or, when stems repeat, its path below the CSV's
-    folder (``folder/stem``) or else its last folder and stem.
+    paths are resolved against the CSV's folder; ``buildings`` empty: the localiser finds the
+    buildings) and optionally ``name``. Without a name, a scene is named after its footprint
+    file's stem (without footprints, its first pre file's), or, when stems repeat, its path below
+    the CSV's folder (``folder/stem``) or else its last folder and stem.
 
     Folder: every sub-folder is a scene named after it, holding ``pre/*.tif``, ``post/*.tif``
-    and exactly one footprint file (``.geojson``, ``.json``, ``.gpkg``, ``.shp`` or ``.fgb``).
+    and one footprint file (``.geojson``, ``.json``, ``.gpkg``, ``.shp`` or ``.fgb``) or none
+    (the localiser finds the buildings).
 
     Returns:
         ``(scenes, problems)``: usable scene entries in input order, and entries that cannot be
@@ -101,17 +107,17 @@ def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Ski
                     Skipped(str(folder), f"no {' or '.join(missing)} in the scene folder")
                 )
                 continue
-            if len(prints) != 1:
-                found = ", ".join(p.name for p in prints) or "none"
+            if len(prints) > 1:
+                found = ", ".join(p.name for p in prints)
                 problems.append(
                     Skipped(
                         str(folder),
-                        f"needs exactly one footprint file ({', '.join(FOOTPRINT_SUFFIXES)}), "
-                        f"found {found}",
+                        f"needs one footprint file ({', '.join(FOOTPRINT_SUFFIXES)}) or none "
+                        f"(buildings detected), found {found}",
                     )
                 )
                 continue
-            job = SceneJob(folder.name, pre, post, str(prints[0]))
+            job = SceneJob(folder.name, pre, post, str(prints[0]) if prints else None)
             entries.append((job.name, job, str(folder)))
     else:
         with open(source, newline="", encoding="utf-8-sig") as fh:
@@ -133,20 +139,20 @@ def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Ski
                 pre = _split_paths(get["pre"], source.parent)
                 post = _split_paths(get["post"], source.parent)
                 bld = _split_paths(get["buildings"], source.parent)
-                missing = [
-                    k for k, v in (("pre", pre), ("post", post), ("buildings", bld)) if not v
-                ]
-                if missing or len(bld) != 1:
+                missing = [k for k, v in (("pre", pre), ("post", post)) if not v]
+                if missing or len(bld) > 1:
                     reason = (
                         f"empty {', '.join(missing)}"
                         if missing
-                        else "give exactly one footprint file in buildings"
+                        else "give one footprint file in buildings (or none to detect them)"
                     )
                     problems.append(Skipped(item, reason))
                     continue
-                rows.append((item, get.get("name", ""), pre, post, bld[0]))
-        stems = Counter(Path(r[4]).stem for r in rows)
-        for item, given, pre, post, bld in rows:
+                rows.append((item, get.get("name", ""), pre, post, bld[0] if bld else None))
+        # without footprints a scene is named after its first pre file
+        stems = Counter(Path(r[4] or r[2][0]).stem for r in rows)
+        for item, given, pre, post, found in rows:
+            bld = found or pre[0]
             if given:
                 scene = given
             elif stems[Path(bld).stem] == 1:
@@ -157,7 +163,7 @@ def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Ski
                 except ValueError:
                     rel = Path(*Path(bld).parts[-2:])
                 scene = str(rel.with_suffix(""))
-            entries.append((scene, SceneJob(scene, pre, post, bld), item))
+            entries.append((scene, SceneJob(scene, pre, post, found), item))
 
     jobs: list[SceneJob] = []
     seen: dict[str, str] = {}
@@ -300,6 +306,73 @@ def summary_path(out_dir: str | os.PathLike, shard: tuple[int, int] | None) -> P
     return Path(out_dir) / f"summary-{shard[0]}-of-{shard[1]}.json"
 
 
+@dataclass(frozen=True)
+class _SceneTask:
+    """One scene to score: its inputs, output paths and the scoring options."""
+
+    job: SceneJob
+    paths: dict[str, Path]
+    options: dict
+
+
+@dataclass(frozen=True)
+class _Models:
+    """What a worker needs to load the models itself: their files, providers and threads."""
+
+    model: str
+    providers: tuple[str, ...]
+    threads: int | None
+    localizer: str | None
+
+
+#: Models loaded in this (worker) process, by :class:`_Models`: each is loaded once.
+_LOADED: dict[_Models, tuple] = {}
+
+
+def _score_on_worker(task: _SceneTask, models: _Models) -> dict:
+    """A Dask job: score one scene with models loaded once per worker process."""
+    if models not in _LOADED:
+        from app.predictor import Predictor
+
+        predictor = Predictor(models.model, providers=models.providers, threads=models.threads)
+        localizer = None
+        if models.localizer is not None:
+            from app.localizer import Localizer
+
+            localizer = Localizer(models.localizer, threads=models.threads)
+        _LOADED.clear()
+        _LOADED[models] = (predictor, localizer)
+    predictor, localizer = _LOADED[models]
+    return _score_task(task, predictor, localizer, progress=False)
+
+
+def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
+    """Score one scene; ``{"status": "scored", "report": ...}`` or ``{"status": "failed",
+    "error": ...}`` (a bad scene never raises). Temporaries of an earlier, interrupted attempt
+    are removed first; outputs are renamed into place only when complete."""
+    job, paths = task.job, task.paths
+    _remove_stale_temporaries(paths.values())
+    try:
+        result = score_scene(
+            predictor,
+            job.pre,
+            job.post,
+            job.buildings,
+            paths["vector"],
+            raster=paths.get("raster"),
+            overlay=paths.get("overlay"),
+            name=job.name,
+            progress=progress,
+            localizer=localizer,
+            **task.options,
+        )
+    except (SceneError, OutputError, OSError) as exc:
+        return {"status": "failed", "error": str(exc)}
+    except Exception as exc:  # a bad scene must not stop the batch
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    return {"status": "scored", "report": result.to_dict()}
+
+
 def score_batch(
     predictor: Predictor,
     scenes: Sequence[SceneJob],
@@ -316,6 +389,10 @@ def score_batch(
     progress: bool = True,
     max_pixels: int | None = None,
     align: str = "auto",
+    localizer=None,
+    workers: int | None = 1,
+    scheduler: str | None = None,
+    client=None,
 ) -> BatchReport:
     """Score many scenes with one loaded model, one set of outputs per scene.
 
@@ -341,58 +418,103 @@ def score_batch(
             :func:`data_prep.quality.max_pixels`).
         align: post-to-pre alignment of every scene, ``auto`` or ``off`` (see
             :func:`app.score.score_scene`); each scene's report records its shift.
+        localizer: the :class:`app.localizer.Localizer` that finds the buildings of scenes
+            without footprints (default: the bundled one; none available: those scenes fail
+            with a message saying how to get one).
+        workers: worker processes of the embedded Dask cluster, one job per scene, each loading
+            the model once (None: one per core; never more than there are scenes to score); 1
+            scores in this process with ``predictor`` (:mod:`data_prep.engine`).
+        scheduler: address of an existing Dask scheduler (else ``$DASK_SCHEDULER_ADDRESS``);
+            its workers load the model from ``predictor.path`` and must see the inputs and
+            ``out_dir`` at the same paths.
+        client: a ``distributed.Client`` to run on as it is.
 
     Returns:
         The batch report; it is also written to :func:`summary_path` and printed by the CLI.
     """
-    from tqdm import tqdm
+    from data_prep.engine import JobFailed, default_workers
 
     if fmt not in FORMAT_SUFFIX:
         raise OutputError(f"unknown format {fmt!r}; use geojson or gpkg")
     start = time.perf_counter()
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).absolute()  # workers may run in another working directory
     out_dir.mkdir(parents=True, exist_ok=True)
     mine = [s for s in scenes if shard is None or shard_of(s.name, shard[1]) == shard[0]]
     report = BatchReport(problems=list(problems), shard=shard)
-    bar = tqdm(mine, desc="scenes", unit="scene", disable=None if progress else True)
-    for job in bar:
-        bar.set_postfix_str(job.name[:30])
+    entries: list[dict] = []
+    todo: list[_SceneTask] = []
+    options = {
+        "batch_size": batch_size,
+        "block_size": block_size,
+        "max_pixels": max_pixels,
+        "align": align,
+    }
+    for job in mine:
         paths = scene_outputs(out_dir, job.name, fmt, raster, overlay)
-        entry: dict = {
-            "name": job.name,
-            "outputs": {k: str(v) for k, v in paths.items()},
-        }
+        entry: dict = {"name": job.name, "outputs": {k: str(v) for k, v in paths.items()}}
+        entries.append(entry)
         if resume and all(p.is_file() for p in paths.values()):
             entry["status"] = "done"
-            report.scenes.append(entry)
-            continue
-        _remove_stale_temporaries(paths.values())
-        try:
-            result = score_scene(
-                predictor,
-                job.pre,
-                job.post,
-                job.buildings,
-                paths["vector"],
-                raster=paths.get("raster"),
-                overlay=paths.get("overlay"),
-                batch_size=batch_size,
-                block_size=block_size,
-                name=job.name,
-                progress=progress,
-                max_pixels=max_pixels,
-                align=align,
-            )
-        except (SceneError, OutputError, OSError) as exc:
-            entry.update(status="failed", error=str(exc))
-        except Exception as exc:  # a bad scene must not stop the batch
-            entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
         else:
-            entry.update(status="scored", report=result.to_dict())
-        report.scenes.append(entry)
-    bar.close()
+            todo.append(_SceneTask(job, paths, options))
+    by_name = {e["name"]: e for e in entries}
+    workers = default_workers() if workers is None else int(workers)
+    workers = max(min(workers, len(todo)), 1)  # no idle workers to start
+    try:
+        results = _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client)
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM) or the cluster failed: the jobs' workers are gone, and
+        # what they left half-written goes too; finished outputs stay for --resume
+        for task in todo:
+            _remove_stale_temporaries(task.paths.values())
+        raise
+    for task, result in zip(todo, results, strict=True):
+        if isinstance(result, JobFailed):
+            result = {"status": "failed", "error": result.error}
+        by_name[task.job.name].update(result)
+    report.scenes.extend(entries)
     report.seconds = time.perf_counter() - start
     from data_prep.store import write_json
 
     write_json(summary_path(out_dir, shard), report.to_dict())
     return report
+
+
+def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client) -> list:
+    """The results of :func:`_score_task` over ``todo``: here, or as Dask jobs."""
+    from data_prep.engine import (
+        describe,
+        map_jobs,
+        open_client,
+        scheduler_address,
+        threads_per_worker,
+    )
+
+    with open_client(workers, scheduler) if client is None else nullcontext(client) as cluster:
+        if cluster is None:  # in this process, with the loaded models and per-scene bars
+            results = map_jobs(
+                lambda task: _score_task(task, predictor, localizer, progress),
+                todo,
+                progress=progress and len(todo) > 1,
+                desc="scenes",
+                unit="scene",
+            )
+        else:
+            if progress:
+                print(f"scoring {len(todo)} scene(s) {describe(cluster)}", file=sys.stderr)
+            models = _Models(
+                str(Path(predictor.path).absolute()),
+                tuple(predictor.providers),
+                None if scheduler_address(scheduler) else threads_per_worker(workers),
+                None if localizer is None else str(Path(localizer.path).absolute()),
+            )
+            results = map_jobs(
+                partial(_score_on_worker, models=models),
+                todo,
+                client=cluster,
+                keys=[t.job.name for t in todo],
+                progress=progress,
+                desc="scenes",
+                unit="scene",
+            )
+    return results

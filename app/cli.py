@@ -89,7 +89,15 @@ def _run_score(args: argparse.Namespace) -> int:
     predictor = _load_model(args.model)
     if predictor is None:
         return 2
+    from app.detect import cli_localizer, pixel_pair
+
+    localizer = None
+    if not args.labels and not args.buildings:  # no footprints: detect the buildings
+        localizer = cli_localizer(args.localizer)
+        if localizer is None:
+            return 2
     common = {
+        "localizer": localizer,
         "raster": args.raster,
         "overlay": args.overlay,
         "batch_size": args.batch_size,
@@ -97,7 +105,7 @@ def _run_score(args: argparse.Namespace) -> int:
         "max_pixels": max_pixels,
     }
     try:
-        if args.labels:
+        if args.labels or (localizer is not None and pixel_pair(args.pre, args.post)):
             report = score_xbd(
                 predictor,
                 args.pre[0],
@@ -168,23 +176,37 @@ def _run_score_batch(args: argparse.Namespace) -> int:
     predictor = _load_model(args.model)
     if predictor is None:
         return 2
-    with _interrupt_on_sigterm():
-        report = score_batch(
-            predictor,
-            scenes,
-            args.out,
-            fmt=args.format,
-            raster=args.raster,
-            overlay=args.overlay,
-            resume=args.resume,
-            shard=shard,
-            problems=problems,
-            batch_size=args.batch_size,
-            block_size=args.block_size,
-            progress=not args.quiet,
-            max_pixels=max_pixels,
-            align=args.align,
-        )
+    from app.detect import cli_batch_localizer
+
+    ok, localizer = cli_batch_localizer(args.localizer, scenes)
+    if not ok:
+        return 2
+    from data_prep.engine import EngineError
+
+    try:
+        with _interrupt_on_sigterm():
+            report = score_batch(
+                predictor,
+                scenes,
+                args.out,
+                fmt=args.format,
+                raster=args.raster,
+                overlay=args.overlay,
+                resume=args.resume,
+                shard=shard,
+                problems=problems,
+                batch_size=args.batch_size,
+                block_size=args.block_size,
+                progress=not args.quiet,
+                max_pixels=max_pixels,
+                align=args.align,
+                localizer=localizer,
+                workers=args.workers,
+                scheduler=args.scheduler,
+            )
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(report.summary(), file=sys.stderr)
     print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
     return report.exit_code()
@@ -238,8 +260,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     if predictor is None:
         return 2
     print(f"model: {predictor.path}", file=sys.stderr)
+    from app.detect import cli_localizer
+
+    localizer = cli_localizer(args.localizer) if args.detect or args.localizer else None
+    if (args.detect or args.localizer) and localizer is None:
+        return 2
     try:
-        result = run_demo(predictor, args.out, progress=not args.quiet)
+        result = run_demo(predictor, args.out, progress=not args.quiet, localizer=localizer)
     except _input_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -252,6 +279,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `score`, `score-batch`, `app` and `demo` to the top-level subcommands."""
+    from app.detect import localizer_argument
+
     score = sub.add_parser(
         "score",
         help="grade every building of a scene with an ONNX model (no PyTorch needed)",
@@ -260,8 +289,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "cut with the model's own chip spec by the same code as in training. Scene mode: "
             "georeferenced pre/post GeoTIFF tiles (any CRS and resolution) with a footprint file "
             "(--buildings). xBD mode: one pixel-aligned pre/post image pair with an xBD label JSON "
-            "(--labels). Writes one feature per input building with damage, damage_id, p_<class>, "
-            "confidence and status (scored, not_covered, skipped: reason)."
+            "(--labels). Without either, a building localiser (--localizer) finds the buildings "
+            "on the pre imagery. Writes one feature per building with damage, damage_id, "
+            "p_<class>, confidence, status (scored, not_covered, skipped: reason) and source "
+            "(given, or detected by the localiser)."
         ),
     )
     score.add_argument(
@@ -270,11 +301,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument(
         "--post", nargs="+", required=True, metavar="PATH", help="post-disaster image(s)"
     )
-    source = score.add_mutually_exclusive_group(required=True)
+    source = score.add_mutually_exclusive_group()
     source.add_argument(
         "--buildings",
         metavar="FILE",
-        help="building footprints (GeoJSON, GeoPackage or Shapefile, any CRS)",
+        help="building footprints (GeoJSON, GeoPackage or Shapefile, any CRS); without "
+        "--buildings or --labels, the localiser finds the buildings (a single pair of images "
+        "without georeferencing is then scored as in xBD mode)",
     )
     source.add_argument(
         "--labels", metavar="XBD_JSON", help="xBD label JSON whose features.xy are the buildings"
@@ -296,18 +329,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also write a PNG of the post image with footprints in class colours",
     )
     _common(score)
+    localizer_argument(score)
     score.set_defaults(func=_run_score)
 
     batch = sub.add_parser(
         "score-batch",
-        help="score many scenes with one model load; resumable, shardable",
+        help="score many scenes, one model load per worker, on Dask; resumable",
         description=(
             "Score every scene of a CSV (columns pre, post, buildings, optional name; several "
             "files separated by ';'; relative paths from the CSV's folder) or of a folder of "
-            "scene folders (each with pre/*.tif, post/*.tif and one footprint file). Writes "
+            "scene folders (each with pre/*.tif, post/*.tif and one footprint file). A scene "
+            "without footprints (empty buildings, no footprint file) is scored with the "
+            "buildings the localiser (--localizer) finds. Writes "
             "OUT/<scene>.geojson (or .gpkg, plus .tif/.png when asked) and OUT/summary.json. A "
             "bad scene is reported and the rest go on; the exit status is non-zero only when "
-            "no scene succeeded."
+            "no scene succeeded. Scenes are Dask jobs: on an embedded local cluster (--workers) "
+            "or an existing one (--scheduler); see docs/cluster.md."
         ),
     )
     batch.add_argument(
@@ -329,9 +366,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--shard",
         metavar="I/N",
         help="score only shard I of N (1 <= I <= N; scenes assigned by a stable hash of their "
-        "name, the same on every machine); the summary is OUT/summary-I-of-N.json",
+        "name, the same on every machine); the summary is OUT/summary-I-of-N.json. For "
+        "machines that share no Dask cluster; with one, use --scheduler instead",
     )
+    from data_prep.cli import add_engine_arguments
+
+    add_engine_arguments(batch, "scene")
     _common(batch)
+    localizer_argument(batch)
     batch.set_defaults(func=_run_score_batch)
 
     web = sub.add_parser(
@@ -398,4 +440,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--out", default="work/demo", metavar="DIR", help="output folder (default work/demo)"
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--detect",
+        action="store_true",
+        help="leave the footprints aside: the localiser finds the buildings, which are graded",
+    )
+    localizer_argument(demo)
     demo.set_defaults(func=_run_demo)

@@ -39,11 +39,16 @@ class DemoResult:
     command: str
 
 
-def run_demo(predictor: Predictor, out: str | os.PathLike, progress: bool = True) -> DemoResult:
+def run_demo(
+    predictor: Predictor, out: str | os.PathLike, progress: bool = True, localizer=None
+) -> DemoResult:
     """Write the example scene under ``out/scene`` and score it into ``out``.
 
     Writes ``out/buildings.geojson`` (one feature per footprint: damage, probabilities,
-    confidence, status), ``out/damage.tif`` (COG of class ids) and ``out/overlay.png``.
+    confidence, status, source), ``out/damage.tif`` (COG of class ids) and ``out/overlay.png``.
+    With a ``localizer`` (:class:`app.localizer.Localizer`) the footprints are left aside and
+    the buildings the localiser finds on the pre tiles are graded instead (``source``
+    ``detected``).
     """
     out = Path(out)
     scene = make_scene(out / "scene")
@@ -52,12 +57,13 @@ def run_demo(predictor: Predictor, out: str | os.PathLike, progress: bool = True
         predictor,
         [str(p) for p in scene.pre],
         [str(p) for p in scene.post],
-        scene.buildings,
+        None if localizer is not None else scene.buildings,
         vector,
         raster=raster,
         overlay=overlay,
         name="example",
         progress=progress,
+        localizer=localizer,
     )
     command = (
         "local-damage score --model "
@@ -66,6 +72,11 @@ def run_demo(predictor: Predictor, out: str | os.PathLike, progress: bool = True
         + " ".join(str(p) for p in scene.pre)
         + " --post "
         + " ".join(str(p) for p in scene.post)
-        + f" --buildings {scene.buildings} --out {vector} --raster {raster} --overlay {overlay}"
+        + (
+            f" --localizer {localizer.path}"
+            if localizer is not None
+            else f" --buildings {scene.buildings}"
+        )
+        + f" --out {vector} --raster {raster} --overlay {overlay}"
     )
     return DemoResult(scene.root, report, command)

@@ -179,6 +179,11 @@ class Predictor:
     def _check(self) -> None:
         """Validate metadata, inputs and outputs; set spec, class_names, sizes."""
         md = self.metadata
+        if md.get("task") == "localize":
+            raise self._fail(
+                "is a building localiser (metadata task 'localize'), not a damage model; give it "
+                "as --localizer, and a damage model from `local-damage export` as --model"
+            )
         missing = [k for k in REQUIRED_METADATA if k not in md]
         if missing:
             raise self._fail(
@@ -375,15 +380,21 @@ def _parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
 
 
 def list_models(folder: str | os.PathLike = "models") -> list[Path]:
-    """The ``.onnx`` files in ``folder`` (not recursive), sorted by name; empty when absent.
-    Hidden files (a model being written atomically is a hidden temporary) are left out."""
+    """The damage models (``.onnx`` files) in ``folder`` (not recursive), sorted by name; empty
+    when absent. Hidden files (a model being written atomically is a hidden temporary) and
+    building localisers (metadata task ``localize``, :mod:`app.localizer`) are left out."""
+    from app.localizer import TASK, model_task
+
     folder = Path(folder)
     if not folder.is_dir():
         return []
     return sorted(
         p
         for p in folder.iterdir()
-        if p.suffix == ".onnx" and not p.name.startswith(".") and p.is_file()
+        if p.suffix == ".onnx"
+        and not p.name.startswith(".")
+        and p.is_file()
+        and model_task(p) != TASK
     )
 
 

@@ -95,6 +95,8 @@ class ScoreReport:
         seconds: wall time of the whole scene (chips, inference and writing).
         alignment: the post-to-pre shift measured and whether it was corrected
             (:meth:`data_prep.alignment.SceneShift.to_dict`).
+        detected: buildings found by the localiser when no footprints were given (None when
+            footprints were given; :mod:`app.detect`).
     """
 
     scene: str
@@ -107,6 +109,7 @@ class ScoreReport:
     seconds: float = 0.0
     alignment: dict | None = None
     alignment_text: str = ""
+    detected: int | None = None
 
     @property
     def scored(self) -> int:
@@ -129,6 +132,7 @@ class ScoreReport:
             "buildings_per_second": round(self.buildings_per_second, 2),
             "scored_per_second": round(self.scored / self.seconds if self.seconds > 0 else 0.0, 2),
             "alignment": self.alignment,
+            "detected": self.detected,
         }
 
     def summary(self) -> str:
@@ -138,6 +142,8 @@ class ScoreReport:
             f"{self.scored / self.seconds if self.seconds > 0 else 0.0:.1f} scored/s)",
             "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
         ]
+        if self.detected is not None:
+            lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
         if self.alignment_text:
             lines.append(self.alignment_text)
         if self.not_covered:
@@ -182,6 +188,7 @@ class _Scores:
         self.class_id = np.full(n, -1, dtype=np.int64)
         self.probs = np.full((n, k), np.nan, dtype=np.float64)
         self.flags = np.full(n, "", dtype=object)
+        self.source = "given"  # where the buildings came from: given or detected (app.detect)
 
     def skip(self, row: int, reason: str) -> None:
         """Mark a building not scored for ``reason``; a blank chip is also flagged ``blank``."""
@@ -210,6 +217,7 @@ class _Scores:
         masks["confidence"] = unscored
         cols["flags"] = self.flags.astype(object)
         cols["status"] = self.status.astype(object)
+        cols["source"] = np.full(len(self.status), self.source, dtype=object)
         return cols, masks
 
 
@@ -362,7 +370,7 @@ def score_scene(
     predictor: Predictor,
     pre: Sequence[str | os.PathLike],
     post: Sequence[str | os.PathLike],
-    buildings: str | os.PathLike,
+    buildings: str | os.PathLike | None,
     out: str | os.PathLike,
     *,
     raster: str | os.PathLike | None = None,
@@ -373,6 +381,8 @@ def score_scene(
     progress: bool = True,
     max_pixels: int | None = None,
     align: str = "auto",
+    localizer=None,
+    source: str = "given",
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
 
@@ -385,7 +395,8 @@ def score_scene(
         predictor: the loaded ONNX model (its chip spec decides how chips are cut).
         pre: pre-disaster GeoTIFF tiles (any CRS and resolution; earlier wins on overlaps).
         post: post-disaster GeoTIFF tiles.
-        buildings: footprint file (GeoJSON, GeoPackage or Shapefile, any CRS).
+        buildings: footprint file (GeoJSON, GeoPackage or Shapefile, any CRS); None to detect
+            the buildings with ``localizer`` (:mod:`app.detect`).
         out: ``.geojson`` (RFC 7946, EPSG:4326) or ``.gpkg`` (pre-grid CRS) per-building output.
         raster: optional ``.tif``: Cloud-Optimised GeoTIFF of class ids on the pre grid.
         overlay: optional ``.png``: post image with footprints in class colours and a legend.
@@ -397,9 +408,14 @@ def score_scene(
         max_pixels: pixel limit per internal block and per read window (default
             :func:`data_prep.quality.max_pixels`).
         align: ``auto`` (measure the post-to-pre shift, correct it when confident) or ``off``.
+        localizer: the :class:`app.localizer.Localizer` that finds the buildings when
+            ``buildings`` is None (default: the bundled one, when present).
+        source: the output ``source`` of every building: ``given``, or ``detected`` for a
+            footprint file the localiser wrote.
 
     Returns:
-        The report (per-class counts, not covered, skipped, outputs, time, alignment).
+        The report (per-class counts, not covered, skipped, outputs, time, alignment, buildings
+        detected).
 
     Raises:
         SceneError: no usable pre or post tile, pre and post without overlap, an unreadable or
@@ -415,6 +431,38 @@ def score_scene(
 
     start = time.perf_counter()
     fmt = check_outputs(out, raster, overlay)
+    if buildings is None:
+        from app import detect
+
+        localizer = detect.require_localizer(localizer, "--buildings")
+        with detect.temporary_folder() as tmp:
+            found = detect.detect_scene_footprints(
+                localizer,
+                pre,
+                post,
+                tmp / "detected.gpkg",
+                block_size=block_size,
+                max_pixels=max_pixels,
+                progress=progress,
+            )
+            report = score_scene(
+                predictor,
+                pre,
+                post,
+                tmp / "detected.gpkg",
+                out,
+                raster=raster,
+                overlay=overlay,
+                batch_size=batch_size,
+                block_size=block_size,
+                progress=progress,
+                align=align,
+                name=name or detect.scene_name(pre[0]),
+                max_pixels=max_pixels,
+                source=detect.DETECTED,
+            )
+        report.detected, report.seconds = found, time.perf_counter() - start
+        return report
     name = name or Path(buildings).stem
     class_names = tuple(predictor.class_names)
     report = ScoreReport(scene=name, class_names=class_names)
@@ -427,6 +475,7 @@ def score_scene(
         n = len(table.geometries)
         report.buildings = n
         scores = _Scores(n, len(class_names))
+        scores.source = source
         # features load_footprints left out keep their reason
         reasons = {s.item: s.reason for s in footprints.skipped}
         kept = np.zeros(n, dtype=bool)
@@ -592,7 +641,7 @@ def score_xbd(
     predictor: Predictor,
     pre: str | os.PathLike,
     post: str | os.PathLike,
-    labels: str | os.PathLike,
+    labels: str | os.PathLike | None,
     out: str | os.PathLike,
     *,
     raster: str | os.PathLike | None = None,
@@ -602,6 +651,8 @@ def score_xbd(
     progress: bool = True,
     max_pixels: int | None = None,
     align: str = "auto",
+    localizer=None,
+    source: str = "given",
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
 
@@ -621,7 +672,8 @@ def score_xbd(
     Args:
         predictor: the loaded ONNX model.
         pre, post: the pre- and post-disaster images (same size).
-        labels: xBD label JSON (post or pre; only the polygons are used).
+        labels: xBD label JSON (post or pre; only the polygons are used); None to detect the
+            buildings on the pre image with ``localizer`` (:mod:`app.detect`).
         out: ``.geojson`` or ``.gpkg``.
         raster: optional ``.tif`` class raster on the image's pixel grid.
         overlay: optional ``.png`` overlay.
@@ -631,6 +683,9 @@ def score_xbd(
         max_pixels: pixel limit per image, checked before decoding (default
             :func:`data_prep.quality.max_pixels`).
         align: ``auto`` (measure and correct the post-to-pre shift) or ``off``.
+        localizer: the :class:`app.localizer.Localizer` that finds the buildings when ``labels``
+            is None (default: the bundled one, when present).
+        source: the output ``source`` of every building (``given`` or ``detected``).
 
     Returns:
         The report.
@@ -652,6 +707,31 @@ def score_xbd(
 
     start = time.perf_counter()
     fmt = check_outputs(out, raster, overlay)
+    if labels is None:
+        from app import detect
+
+        localizer = detect.require_localizer(localizer, "--labels")
+        name = name or detect.scene_name(pre)
+        with detect.temporary_folder() as tmp:
+            path = tmp / f"{name}_pre_disaster.json"
+            found = detect.detect_xbd_labels(localizer, pre, post, path, max_pixels)
+            report = score_xbd(
+                predictor,
+                pre,
+                post,
+                path,
+                out,
+                raster=raster,
+                overlay=overlay,
+                batch_size=batch_size,
+                name=name,
+                progress=progress,
+                max_pixels=max_pixels,
+                align=align,
+                source=detect.DETECTED,
+            )
+        report.detected, report.seconds = found, time.perf_counter() - start
+        return report
     labels = Path(labels)
     name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
     class_names = tuple(predictor.class_names)
@@ -698,6 +778,7 @@ def score_xbd(
     n = len(features)
     report.buildings = n
     scores = _Scores(n, len(class_names))
+    scores.source = source
     by_uid = {b.uid: b for b in buildings}
     reasons = {s.item: s.reason for s in parsed.skipped}
     used: set[str] = set()

@@ -295,10 +295,12 @@ def assess_tile(
     predictor: Predictor,
     pre: str | os.PathLike,
     post: str | os.PathLike,
-    footprints: str | os.PathLike,
+    footprints: str | os.PathLike | None,
     out_dir: str | os.PathLike,
     batch_size: int = 32,
     max_pixels: int | None = None,
+    localizer=None,
+    source: str = "given",
 ) -> TileResult:
     """Grade every building of one pre/post tile pair; write overlay, vectors and CSV.
 
@@ -307,7 +309,8 @@ def assess_tile(
         pre, post: the tiles (PNG, JPEG or GeoTIFF). With an xBD label JSON they must be pixel
             aligned (same size); with GeoJSON / GeoPackage footprints they must be georeferenced
             GeoTIFFs (any CRS; post is warped onto pre).
-        footprints: xBD label JSON, GeoJSON or GeoPackage.
+        footprints: xBD label JSON, GeoJSON or GeoPackage; None: ``localizer`` detects the
+            buildings (:func:`app.detect.app_detect`), graded with ``source`` ``detected``.
         out_dir: a new folder for this assessment's outputs (created).
         batch_size: chips per inference batch.
         max_pixels: pixel limit per image (default :func:`app_max_pixels`).
@@ -329,10 +332,15 @@ def assess_tile(
     from data_prep.quality import BLANK
 
     start = time.perf_counter()
-    pre, post, footprints = Path(pre), Path(post), Path(footprints)
+    pre, post = Path(pre), Path(post)
     limit = app_max_pixels(max_pixels)
     check_image(pre, "pre tile", limit)
     check_image(post, "post tile", limit)
+    if footprints is None:
+        from app.detect import DETECTED, app_detect
+
+        footprints, source = app_detect(localizer, pre, post, Path(out_dir), limit), DETECTED
+    footprints = Path(footprints)
     mode = footprint_kind(footprints)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -354,6 +362,7 @@ def assess_tile(
                 name=scene,
                 progress=False,
                 max_pixels=limit,
+                source=source,
             )
             if report.buildings and report.not_covered == report.buildings:
                 raise AppError(
@@ -379,6 +388,7 @@ def assess_tile(
                 name=scene,
                 progress=False,
                 max_pixels=limit,
+                source=source,
             )
     except (SceneError, ImageError, OutputError) as exc:
         raise AppError(_short(str(exc))) from exc
@@ -398,6 +408,7 @@ def assess_tile(
         "pre": str(pre),
         "post": str(post),
         "footprints": str(footprints),
+        "source": source,
         "vector": str(vector),
         "model": str(predictor.path),
         "class_names": list(class_names),
@@ -417,7 +428,8 @@ def assess_tile(
         counts={name: int(report.per_class.get(name, 0)) for name in class_names},
         seconds=time.perf_counter() - start,
         class_names=class_names,
-        model=predictor.path.stem,
+        model=predictor.path.stem
+        + (", buildings detected by the localiser" if source != "given" else ""),
     )
 
 
@@ -724,7 +736,7 @@ def build_app(
     import gradio as gr
     import pandas as pd
 
-    from app import web_adapt
+    from app import detect, web_adapt
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="local-damage-app-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -760,9 +772,7 @@ def build_app(
         """Grade every building of a pre/post tile pair (xBD label JSON, GeoJSON or GeoPackage
         footprints); returns the overlay PNG, a Markdown summary, the building table, the
         GeoJSON/CSV files and the session folder."""
-        missing = [
-            n for n, f in (("pre", pre), ("post", post), ("footprints", footprints)) if not f
-        ]
+        missing = [n for n, f in (("pre", pre), ("post", post)) if not f]
         if missing:
             raise gr.Error(f"upload the {', '.join(missing)} file(s) first", print_exception=False)
         try:
@@ -774,6 +784,7 @@ def build_app(
                 _path(footprints),
                 new_session(),
                 max_pixels=max_pixels,
+                localizer=None if footprints else detect.app_localizer(models_dir),
             )
         except AppError as exc:
             raise fail(exc) from exc
@@ -866,6 +877,7 @@ def build_app(
                 info["footprints"],
                 new_session(),
                 max_pixels=max_pixels,
+                source=info.get("source", "given"),
             )
             set_event(result.session, done.labels.event)
             carried = carry_corrections(session, result.session)
@@ -929,7 +941,8 @@ def build_app(
                 pre_in = gr.File(label="Pre tile (PNG, JPEG, GeoTIFF)", elem_id="tile-pre")
                 post_in = gr.File(label="Post tile", elem_id="tile-post")
                 fp_in = gr.File(
-                    label="Footprints (xBD label JSON, GeoJSON, GeoPackage)", elem_id="tile-fp"
+                    label="Footprints (xBD label JSON, GeoJSON, GeoPackage; none: detected)",
+                    elem_id="tile-fp",
                 )
             gr.Examples(
                 examples=examples["tile"],

@@ -1,8 +1,8 @@
 """`local-damage bench prepare`: xBD chip extraction rate against the decode-only rate.
 
 For each worker count the same run measures (1) decode-only: every tile's pre and post image
-decoded once with the reader `prepare xbd` uses and nothing else, over the same process pool;
-(2) extraction: the whole `prepare xbd` into a temporary chip store. Both are reported in
+decoded once with the reader `prepare xbd` uses and nothing else, on the same workers (one Dask
+job per tile; one worker runs in this process); (2) extraction: the whole `prepare xbd` into a temporary chip store. Both are reported in
 buildings per second over the same buildings, so their ratio is the share of time spent outside
 decoding (1.0 = chip cutting and writing cost nothing).
 """
@@ -63,15 +63,32 @@ def _decode_tile(paths: tuple) -> int:
     return decoded
 
 
-def _cpu_seconds() -> float:
-    """CPU seconds used by this process and its finished worker processes."""
+def _warm_up(_) -> None:
+    """Import what a tile job needs, once per worker process, before anything is timed."""
+    import cv2  # noqa: F401
+    import rasterio  # noqa: F401
+    import shapely  # noqa: F401
+
+    import data_prep.xbd  # noqa: F401
+
+
+def _process_cpu_seconds(_=None) -> float:
+    """CPU seconds (user + system) used so far by the calling process."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_seconds(client=None) -> float:
+    """CPU seconds used by this process, plus those of the cluster's worker processes."""
     try:
-        import resource
+        total = _process_cpu_seconds()
     except ImportError:  # not on Unix: this process only
         return time.process_time()
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    if client is not None:
+        total += sum(client.run(_process_cpu_seconds).values())
+    return total
 
 
 def _warm_cache(paths: Sequence[Path]) -> None:
@@ -118,6 +135,7 @@ def bench_prepare(
     Raises:
         XbdRootError: a root does not exist or holds no xBD tiles.
     """
+    from data_prep.engine import open_client
     from data_prep.xbd import find_tiles, prepare_xbd, run_tiles
 
     spec = spec or ChipSpec()
@@ -134,18 +152,29 @@ def bench_prepare(
     per_tile = [tuple(p for p in (t.pre, t.post) if p is not None) for t in tiles]
     for w in workers:
         decode_s = extract_s = decode_cpu = extract_cpu = float("inf")
-        for _ in range(max(int(repeat), 1)):  # alternate the two so both see the same conditions
-            start, cpu = time.perf_counter(), _cpu_seconds()
-            run_tiles(_decode_tile, per_tile, workers=w, progress=False)
-            decode_s = min(decode_s, time.perf_counter() - start)
-            decode_cpu = min(decode_cpu, _cpu_seconds() - cpu)
-            with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
-                start, cpu = time.perf_counter(), _cpu_seconds()
-                report = prepare_xbd(
-                    roots, Path(tmp) / "chips", spec=spec, workers=w, limit=limit, progress=False
-                )
-                extract_s = min(extract_s, time.perf_counter() - start)
-                extract_cpu = min(extract_cpu, _cpu_seconds() - cpu)
+        # one cluster per worker count, started (and warmed up) before any timing, so that both
+        # measurements see the same running workers
+        with open_client(w) as client:
+            if client is not None:
+                run_tiles(_warm_up, [None] * (2 * w), client=client, progress=False)
+            for _ in range(max(int(repeat), 1)):  # alternate, so both see the same conditions
+                start, cpu = time.perf_counter(), _cpu_seconds(client)
+                run_tiles(_decode_tile, per_tile, workers=w, progress=False, client=client)
+                decode_s = min(decode_s, time.perf_counter() - start)
+                decode_cpu = min(decode_cpu, _cpu_seconds(client) - cpu)
+                with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
+                    start, cpu = time.perf_counter(), _cpu_seconds(client)
+                    report = prepare_xbd(
+                        roots,
+                        Path(tmp) / "chips",
+                        spec=spec,
+                        workers=w,
+                        limit=limit,
+                        progress=False,
+                        client=client,
+                    )
+                    extract_s = min(extract_s, time.perf_counter() - start)
+                    extract_cpu = min(extract_cpu, _cpu_seconds(client) - cpu)
         buildings = report.chips
         results.append(
             {

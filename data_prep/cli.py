@@ -100,6 +100,7 @@ def _finish(report, strict: bool) -> int:
 
 
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
+    from data_prep.engine import EngineError
     from data_prep.xbd import XbdRootError, prepare_xbd
 
     max_pixels = resolve_max_pixels(args)
@@ -113,11 +114,32 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
             workers=args.workers,
             include_unclassified=args.include_unclassified,
             max_pixels=max_pixels,
+            scheduler=args.scheduler,
         )
-    except XbdRootError as exc:
+    except (XbdRootError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return _finish(report, args.strict)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
+    """``--workers`` and ``--scheduler`` (:mod:`data_prep.engine`); ``jobs`` names the unit."""
+    from data_prep.engine import SCHEDULER_ENV
+
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"worker processes of the embedded Dask cluster, one job per {jobs} (default: one "
+        "per CPU core; 1 runs in this process)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help=f"run on an existing Dask cluster, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV} "
+        "when set, else the embedded cluster); its workers must see the same paths",
+    )
 
 
 def _run_prepare_scene(args: argparse.Namespace) -> int:
@@ -190,13 +212,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     xbd.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     _spec_arguments(xbd)
-    xbd.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="parallel worker processes over tiles (default 1)",
-    )
+    add_engine_arguments(xbd, "tile")
     xbd.add_argument(
         "--include-unclassified",
         action="store_true",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep import quality
+from data_prep.engine import JobFailed
 from data_prep.imagery import ImageError, read_rgb, read_rgb_pair
 from data_prep.quality import BLANK, blank_reasons
 from data_prep.report import PrepareReport
@@ -496,11 +496,12 @@ def cut_tile(
 
 
 def _cut_tile_task(args: tuple) -> tuple[list[dict], PrepareReport]:
+    _limit_threads()
     return cut_tile(*args)
 
 
 def _limit_threads() -> None:
-    """One thread per worker process for OpenCV (tiles are the unit of parallelism)."""
+    """One OpenCV thread per worker process (tiles are the unit of parallelism)."""
     import cv2
 
     cv2.setNumThreads(1)
@@ -509,67 +510,51 @@ def _limit_threads() -> None:
 def run_tiles(
     func,
     args: Iterable,
-    workers: int = 1,
+    workers: int | None = 1,
     progress: bool | None = None,
     desc: str = "tiles",
     costs: Sequence[float] | None = None,
+    scheduler: str | None = None,
+    client=None,
 ) -> list:
-    """Apply ``func`` to each argument over a process pool; results in input order.
+    """Apply ``func`` to each argument, one job per tile (:mod:`data_prep.engine`); results in
+    input order.
 
     Args:
-        func: a picklable function of one argument.
+        func: a picklable function of one argument, that records its own problems rather than
+            raising (a job that raises, or whose worker keeps dying, gives a
+            :class:`data_prep.engine.JobFailed`).
         args: one argument per tile.
-        workers: number of worker processes; 1 runs in this process.
+        workers: worker processes of the embedded cluster (None: one per core; never more
+            than there are tiles); 1 (and no scheduler) runs in this process with one OpenCV
+            thread.
         progress: show a tqdm bar over tiles (None: only when stderr is a terminal).
         desc: the progress bar's label.
-        costs: expected work per argument; the pool starts the costliest first, so that no
-            large tile is left running alone at the end.
+        costs: expected work per argument; the costliest start first, so that no large tile is
+            left running alone at the end.
+        scheduler: address of an existing Dask scheduler (else ``$DASK_SCHEDULER_ADDRESS``).
+        client: a ``distributed.Client`` to use as it is (e.g. kept open across runs).
     """
-    from tqdm import tqdm
+    from data_prep.engine import default_workers, map_jobs, open_client
 
     args = list(args)
-    bar = tqdm(
-        total=len(args),
-        desc=desc,
-        unit="tile",
-        disable=(not sys.stderr.isatty()) if progress is None else not progress,
-        file=sys.stderr,
-    )
-    results: list = [None] * len(args)
-    try:
-        if workers <= 1 or len(args) <= 1:
-            import cv2
+    options = dict(progress=progress, desc=desc, unit="tile", costs=costs)
+    if client is not None:
+        return map_jobs(func, args, client=client, **options)
+    if workers is None:
+        workers = default_workers()
+    workers = max(min(int(workers), len(args)), 1)  # no idle workers to start
+    with open_client(workers, scheduler) as cluster:
+        if cluster is not None:
+            return map_jobs(func, args, client=cluster, **options)
+        import cv2
 
-            threads = cv2.getNumThreads()
-            cv2.setNumThreads(1)  # one worker means one core, as in the pool's workers
-            try:
-                for i, a in enumerate(args):
-                    results[i] = func(a)
-                    bar.update()
-            finally:
-                cv2.setNumThreads(threads)
-            return results
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        # import the heavy libraries once here: forked workers inherit them instead of each
-        # importing them again
-        import cv2  # noqa: F401
-        import rasterio  # noqa: F401
-        import shapely  # noqa: F401
-
-        with ProcessPoolExecutor(
-            max_workers=min(workers, len(args)), initializer=_limit_threads
-        ) as pool:
-            order = range(len(args))
-            if costs is not None:
-                order = sorted(order, key=lambda i: -costs[i])
-            futures = {pool.submit(func, args[i]): i for i in order}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                bar.update()
-        return results
-    finally:
-        bar.close()
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)  # one worker means one core, as on the cluster's workers
+        try:
+            return map_jobs(func, args, **options)
+        finally:
+            cv2.setNumThreads(threads)
 
 
 def _label_size(tile: XbdTile) -> int:
@@ -584,11 +569,13 @@ def prepare_xbd(
     roots: Sequence[str | os.PathLike] | str | os.PathLike,
     out: str | os.PathLike,
     spec: ChipSpec | None = None,
-    workers: int = 1,
+    workers: int | None = 1,
     include_unclassified: bool = False,
     limit: int | None = None,
     progress: bool | None = None,
     max_pixels: int | None = None,
+    scheduler: str | None = None,
+    client=None,
 ) -> PrepareReport:
     """Cut per-building pre/post chip pairs from xBD tiles into a chip store.
 
@@ -602,12 +589,17 @@ def prepare_xbd(
         roots: xBD root folder(s).
         out: output chip store folder.
         spec: chip specification (default ``ChipSpec()``).
-        workers: parallel worker processes over tiles.
+        workers: worker processes of the embedded Dask cluster, one job per tile (None: one
+            per core); 1 runs in this process (:mod:`data_prep.engine`).
         include_unclassified: keep un-classified buildings as unlabelled chips (label -1).
         limit: use only the first ``limit`` tiles (sorted by name).
         progress: show a progress bar (None: only when stderr is a terminal).
         max_pixels: pixel limit per image, checked from the header before decoding (default
             :func:`data_prep.quality.max_pixels`).
+        scheduler: address of an existing Dask scheduler whose workers see ``roots`` and
+            ``out`` at the same paths (else ``$DASK_SCHEDULER_ADDRESS``; else embedded).
+        client: a ``distributed.Client`` to run on as it is (``workers`` and ``scheduler`` are
+            then not used).
 
     Returns:
         The run's report (chips per class and event, skipped items).
@@ -616,13 +608,15 @@ def prepare_xbd(
         XbdRootError: a root does not exist or holds no xBD tiles.
     """
     spec = spec or ChipSpec()
-    workers = max(int(workers), 1)
+    workers = None if workers is None else max(int(workers), 1)
     max_pixels = quality.max_pixels(max_pixels)
+    # absolute paths: the jobs may run in worker processes with another working directory
     roots = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
+    roots = [Path(r).absolute() for r in roots]
     tiles, duplicates = find_tiles(roots)
     if limit is not None:
         tiles = tiles[: max(int(limit), 0)]
-    out = start_store(out)
+    out = start_store(Path(out).absolute())
     report = PrepareReport()
     for item, reason in duplicates:
         report.skip(item, reason)
@@ -633,10 +627,16 @@ def prepare_xbd(
         progress=progress,
         desc="prepare xbd",
         costs=[_label_size(t) for t in tiles],
+        scheduler=scheduler,
+        client=client,
     )
     _BUFFERS.arrays = None
     rows: list[dict] = []
-    for tile_rows, tile_report in results:
+    for tile, result in zip(tiles, results, strict=True):
+        if isinstance(result, JobFailed):
+            report.skip(str(tile.label), f"tile {tile.name} not prepared: {result.error}")
+            continue
+        tile_rows, tile_report = result
         rows.extend(tile_rows)
         report.merge(tile_report)
     meta = {

@@ -1,0 +1,214 @@
+"""Independent jobs on a Dask cluster: an embedded local one by default, or an existing one.
+
+`score-batch` (one job per scene) and `prepare xbd` (one job per tile) hand their jobs to
+:func:`map_jobs`; the per-scene and per-tile functions stay plain functions. Where the jobs run:
+
+- ``scheduler`` given (``tcp://host:8786``), or the ``DASK_SCHEDULER_ADDRESS`` environment
+  variable set: on that cluster (``dask scheduler`` + ``dask worker`` processes started by hand,
+  by dask-jobqueue or on Kubernetes; see docs/cluster.md). Workers must see the same paths as
+  this machine (shared storage) and have local-damage installed.
+- else ``workers`` > 1 (default: the machine's cores): an embedded ``LocalCluster`` of that many
+  single-threaded worker processes, started here and closed at the end.
+- else (one worker): in this process, no cluster.
+
+Dask reruns the jobs of a worker that dies on another worker (a job is retried on up to
+:data:`ALLOWED_FAILURES` workers), so the jobs must be idempotent: each writes its outputs under
+temporary names and renames them into place, and only small summaries travel back to the client.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+#: Environment variable naming an existing scheduler (Dask's own convention).
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+#: Workers a job may kill (or lose) before it counts as failed.
+ALLOWED_FAILURES = 3
+#: Seconds to wait for an existing scheduler to answer.
+CONNECT_TIMEOUT = 10
+
+
+class EngineError(RuntimeError):
+    """The cluster cannot be reached or started; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """The result of a job that raised, or whose workers kept dying (``KilledWorker``)."""
+
+    error: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> JobFailed:
+        name = type(exc).__name__
+        if name == "KilledWorker":
+            return cls(
+                f"its worker process died {ALLOWED_FAILURES} times while running it (out of "
+                "memory, or a crash in a library); run it alone with --workers 1 to see why"
+            )
+        return cls(f"{name}: {exc}")
+
+
+def default_workers() -> int:
+    """Worker processes of the embedded cluster: one per core."""
+    return max(os.cpu_count() or 1, 1)
+
+
+def scheduler_address(scheduler: str | None = None) -> str | None:
+    """``scheduler``, else ``$DASK_SCHEDULER_ADDRESS``, else None (no existing cluster)."""
+    address = (scheduler or os.environ.get(SCHEDULER_ENV, "")).strip()
+    return address or None
+
+
+def threads_per_worker(workers: int) -> int:
+    """Compute threads (ONNX Runtime, OpenCV) each of ``workers`` processes on this machine may
+    use so that together they fill its cores without oversubscribing them."""
+    return max(default_workers() // max(int(workers), 1), 1)
+
+
+@contextmanager
+def open_client(workers: int | None = None, scheduler: str | None = None) -> Iterator[Any]:
+    """A ``distributed.Client`` on the cluster the arguments name (see the module docstring);
+    None when the jobs should run in this process (one worker, no scheduler).
+
+    Raises:
+        EngineError: the scheduler does not answer, or the local cluster cannot start.
+    """
+    address = scheduler_address(scheduler)
+    workers = default_workers() if workers is None else int(workers)
+    if address is None and workers <= 1:
+        yield None
+        return
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set(
+        {
+            "distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+            "distributed.worker.daemon": False,
+            "distributed.logging.distributed": "error",
+        }
+    ):
+        if address is not None:
+            try:
+                client = Client(address, timeout=CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                raise EngineError(
+                    f"Dask scheduler {address} did not answer within {CONNECT_TIMEOUT} s ({exc}); "
+                    "start one with `dask scheduler` and workers with `dask worker "
+                    f"{address}`, or leave out --scheduler / {SCHEDULER_ENV} to run on this "
+                    "machine"
+                ) from exc
+            with client:
+                yield client
+            return
+        try:
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=":0",  # any free port: several clusters may run at once
+                silence_logs=50,
+            )
+        except Exception as exc:  # distributed raises several types when processes fail to start
+            raise EngineError(
+                f"could not start a local Dask cluster of {workers} workers "
+                f"({type(exc).__name__}: {exc}); try --workers 1"
+            ) from exc
+        with cluster, Client(cluster) as client:
+            yield client
+
+
+def map_jobs(
+    func: Callable[[Any], Any],
+    items: Sequence[Any],
+    *,
+    client: Any = None,
+    keys: Sequence[str] | None = None,
+    progress: bool | None = None,
+    desc: str = "jobs",
+    unit: str = "job",
+    costs: Sequence[float] | None = None,
+    on_result: Callable[[int, Any], None] | None = None,
+) -> list[Any]:
+    """``[func(item) for item in items]``, on ``client``'s cluster when one is given.
+
+    Args:
+        func: a picklable function of one argument (importable at module level).
+        items: one argument per job.
+        client: from :func:`open_client`; None runs the jobs here, in order.
+        keys: a stable, unique name per job (e.g. the scene name): the task keys on the
+            cluster, so that a job is recognisable in the scheduler's logs.
+        progress: a tqdm bar over finished jobs (None: only when stderr is a terminal).
+        desc, unit: the bar's label and unit.
+        costs: expected work per job; the costliest are submitted first, so that no large job is
+            left running alone at the end.
+        on_result: called with ``(index, result)`` as each job finishes (in completion order).
+
+    Returns:
+        The results in input order; a job that raised (or lost its worker too often) gives a
+        :class:`JobFailed` instead, and the other jobs go on.
+    """
+    import uuid
+
+    from tqdm import tqdm
+
+    items = list(items)
+    bar = tqdm(
+        total=len(items),
+        desc=desc,
+        unit=unit,
+        disable=(not sys.stderr.isatty()) if progress is None else not progress,
+        file=sys.stderr,
+    )
+    results: list[Any] = [None] * len(items)
+
+    def done(i: int, result: Any) -> None:
+        results[i] = result
+        if on_result is not None:
+            on_result(i, result)
+        bar.update()
+
+    try:
+        if client is None:
+            for i, item in enumerate(items):
+                try:
+                    result = func(item)
+                except Exception as exc:  # one bad job must not stop the others
+                    result = JobFailed.of(exc)
+                done(i, result)
+            return results
+        from distributed import as_completed
+
+        order = list(range(len(items)))
+        if costs is not None:
+            order.sort(key=lambda i: -costs[i])
+        token = uuid.uuid4().hex[:8]  # keys unique to this call: a cluster caches by key
+        futures = {}
+        for rank, i in enumerate(order):
+            key = f"{desc}-{keys[i] if keys is not None else i}-{token}"
+            future = client.submit(func, items[i], key=key, pure=False, priority=-rank)
+            futures[future] = i
+        for future in as_completed(futures):
+            try:
+                result = future.result()
+            except Exception as exc:
+                result = JobFailed.of(exc)
+            done(futures[future], result)
+            future.release()
+        return results
+    finally:
+        bar.close()
+
+
+def describe(client: Any) -> str:
+    """Where the jobs run, for logs: ``in this process`` or the scheduler and its workers."""
+    if client is None:
+        return "in this process"
+    workers = len(client.scheduler_info().get("workers", {}))
+    return f"on Dask scheduler {client.scheduler.address} with {workers} worker(s)"

@@ -1,0 +1,294 @@
+"""Scoring and preparation on Dask: embedded cluster, a separately started scheduler with two
+workers, a worker killed mid-batch, the client killed mid-batch and resumed.
+
+Every cluster here is real: ``LocalCluster`` worker processes, or ``dask scheduler`` and
+``dask worker`` processes started on localhost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+BIN = Path(sys.executable).parent
+
+
+def run_cli(*argv) -> int:
+    from local_damage.cli import main
+
+    return main([str(a) for a in argv])
+
+
+def scene_folders(root: Path, s, n: int) -> Path:
+    """``n`` scene folders linking to the synthetic scene's files (named s00, s01, ...)."""
+    for i in range(n):
+        folder = root / f"s{i:02d}"
+        for sub, paths in (("pre", s.pre), ("post", s.post)):
+            (folder / sub).mkdir(parents=True)
+            for p in paths:
+                (folder / sub / p.name).symlink_to(p)
+        (folder / "footprints.geojson").symlink_to(s.buildings)
+    return root
+
+
+def outputs(folder: Path) -> dict[str, bytes]:
+    """Final output files (not temporaries, not the summary) by name -> bytes."""
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(folder.iterdir())
+        if not p.name.startswith(".") and not p.name.startswith("summary")
+    }
+
+
+def temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def store_bytes(store: Path) -> dict[str, bytes]:
+    """Manifest and shard bytes of a chip store (store.json holds run details: left out)."""
+    files = [store / "manifest.csv", *sorted((store / "shards").iterdir())]
+    return {str(p.relative_to(store)): p.read_bytes() for p in files}
+
+
+def wait_for(condition, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory, synthetic_scene) -> Path:
+    return scene_folders(tmp_path_factory.mktemp("scenes"), synthetic_scene, 12)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, scenes, score_model) -> dict[str, bytes]:
+    """The batch scored in one process: what every other way of running it must write."""
+    out = tmp_path_factory.mktemp("reference")
+    assert run_cli("score-batch", "--scenes", scenes, "--model", score_model, "--out", out,
+                   "--workers", "1", "--raster", "--quiet") == 0  # fmt: skip
+    return outputs(out)
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """A `dask scheduler` and two `dask worker` processes on localhost; yields the address."""
+    folder = tmp_path_factory.mktemp("dask")
+    info = folder / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    common = {"cwd": folder, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [
+        subprocess.Popen(
+            [
+                BIN / "dask",
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                info,
+            ],
+            start_new_session=True,
+            **common,
+        )  # fmt: skip
+    ]
+    try:
+        assert wait_for(info.exists, 60), "dask scheduler did not start"
+        address = json.loads(info.read_text())["address"]
+        for _ in range(2):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        BIN / "dask",
+                        "worker",
+                        address,
+                        "--nworkers",
+                        "1",
+                        "--nthreads",
+                        "1",
+                        "--no-dashboard",
+                        "--host",
+                        "127.0.0.1",
+                    ],
+                    start_new_session=True,
+                    **common,
+                )  # fmt: skip
+            )
+        from distributed import Client
+
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# --- the same command, embedded and on an existing cluster ----------------------------------
+
+
+def test_score_batch_on_embedded_and_remote_clusters_writes_what_one_process_writes(
+    scenes, score_model, reference, scheduler, tmp_path, capsys
+):
+    embedded = tmp_path / "embedded"
+    argv = ["score-batch", "--scenes", scenes, "--model", score_model, "--raster"]
+    assert run_cli(*argv, "--out", embedded, "--workers", "2") == 0
+    assert outputs(embedded) == reference and not temporaries(embedded)
+    summary = json.loads((embedded / "summary.json").read_text())
+    assert summary["totals"]["scored"] == 12 and summary["totals"]["failed"] == 0
+    assert "on Dask scheduler" in capsys.readouterr().err
+
+    remote = tmp_path / "remote"
+    assert run_cli(*argv, "--out", remote, "--scheduler", scheduler) == 0
+    assert outputs(remote) == reference and not temporaries(remote)
+    # both workers took part
+    from distributed import Client
+
+    with Client(scheduler, timeout=30) as client:
+        counts = client.run(lambda dask_worker: len(dask_worker.data) >= 0)
+    assert len(counts) == 2
+
+    # the DASK_SCHEDULER_ADDRESS convention, and --resume on the cluster
+    os.environ["DASK_SCHEDULER_ADDRESS"] = scheduler
+    try:
+        assert run_cli(*argv, "--out", remote, "--resume", "--quiet") == 0
+    finally:
+        del os.environ["DASK_SCHEDULER_ADDRESS"]
+    summary = json.loads((remote / "summary.json").read_text())
+    assert summary["totals"]["done_before"] == 12 and summary["totals"]["scored"] == 0
+
+
+def test_prepare_xbd_embedded_and_remote_build_the_same_store(synthetic_xbd, scheduler, tmp_path):
+    args = ["prepare", "xbd", "--root", synthetic_xbd, "--chip-size", "32"]
+    assert run_cli(*args, "--out", tmp_path / "one", "--workers", "1") == 0
+    assert run_cli(*args, "--out", tmp_path / "two", "--workers", "2") == 0
+    assert run_cli(*args, "--out", tmp_path / "remote", "--scheduler", scheduler) == 0
+    one = store_bytes(tmp_path / "one")
+    assert len(one) > 2
+    assert store_bytes(tmp_path / "two") == one
+    assert store_bytes(tmp_path / "remote") == one
+
+
+def test_an_unreachable_scheduler_is_a_clear_error(scenes, score_model, tmp_path, capsys):
+    dead = "tcp://127.0.0.1:9"  # the discard port: nothing answers there
+    rc = run_cli("score-batch", "--scenes", scenes, "--model", score_model,
+                 "--out", tmp_path / "o", "--scheduler", dead, "--quiet")  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and f"Dask scheduler {dead} did not answer" in err and "dask scheduler" in err
+    assert "Traceback" not in err
+    rc = run_cli("prepare", "xbd", "--root", tmp_path, "--out", tmp_path / "c", "--scheduler", dead)
+    assert rc == 2
+
+
+# --- fault tolerance --------------------------------------------------------------------------
+
+
+def test_a_worker_killed_mid_batch_changes_nothing(
+    tmp_path, synthetic_scene, score_model, reference, scheduler
+):
+    """SIGKILL one of the two workers while it scores: its scenes are scored again on the other
+    (or on the worker its nanny restarts), the batch completes, and every output is byte for byte
+    what one process writes; nothing half-written is left."""
+    from distributed import Client
+
+    from app.batch import read_scene_list, score_batch
+    from app.predictor import Predictor
+
+    folder = scene_folders(tmp_path / "scenes", synthetic_scene, 36)
+    jobs, problems = read_scene_list(folder)
+    out = tmp_path / "out"
+    predictor = Predictor(score_model)
+    with Client(scheduler, timeout=30) as client:
+        pids = client.run(os.getpid)
+        assert len(pids) == 2
+        result: dict = {}
+
+        def run() -> None:
+            result["report"] = score_batch(
+                predictor, jobs, out, raster=True, progress=False, client=client
+            )
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert wait_for(lambda: out.is_dir() and any(out.glob("s*.geojson")), 120)
+        busy = [w for w, tasks in client.processing().items() if tasks]
+        victim = pids[busy[0]] if busy else next(iter(pids.values()))
+        os.kill(victim, signal.SIGKILL)
+        thread.join(timeout=240)
+        assert not thread.is_alive()
+    report = result["report"]
+    assert report.count("scored") == 36 and report.count("failed") == 0
+    assert not temporaries(out)
+    got = outputs(out)
+    assert len(got) == 72
+    for i in range(36):
+        for suffix in (".geojson", ".tif"):
+            # the 12 reference scenes share their inputs with these: same bytes under each name
+            assert got[f"s{i:02d}{suffix}"] == reference[f"s{i % 12:02d}{suffix}"]
+
+
+@pytest.mark.parametrize("where", ["embedded", "remote"])
+def test_a_client_killed_mid_batch_resumes(
+    where, tmp_path, synthetic_scene, score_model, reference, scheduler
+):
+    """SIGKILL the `score-batch` process (with its embedded cluster, or leaving the remote
+    cluster running) after its first scene; `--resume` finishes the batch, and the outputs are
+    those of an uninterrupted run, with no temporary left."""
+    folder = scene_folders(tmp_path / "scenes", synthetic_scene, 36)
+    out = tmp_path / "out"
+    argv = [
+        sys.executable, "-m", "local_damage.cli", "score-batch", "--scenes", str(folder),
+        "--model", str(score_model), "--out", str(out), "--raster", "--quiet",
+    ]  # fmt: skip
+    argv += ["--workers", "2"] if where == "embedded" else ["--scheduler", scheduler]
+    proc = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert wait_for(lambda: out.is_dir() and any(out.glob("s*.geojson")), 120), (
+            proc.communicate()[1][-2000:]
+        )
+        if where == "embedded":  # the client and the cluster it started die together
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # the client alone; the cluster lives on
+            proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    finished = len(list(out.glob("s*.geojson")))
+    assert 1 <= finished < 36, "the batch ended before it could be interrupted"
+    resume = subprocess.run(
+        [*argv, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=240
+    )
+    assert resume.returncode == 0, resume.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["totals"]["done_before"] >= finished
+    assert summary["totals"]["done_before"] + summary["totals"]["scored"] == 36
+    assert not temporaries(out)
+    got = outputs(out)
+    assert len(got) == 72
+    for i in range(36):
+        for suffix in (".geojson", ".tif"):
+            assert got[f"s{i:02d}{suffix}"] == reference[f"s{i % 12:02d}{suffix}"]
