@@ -259,6 +259,67 @@ def test_browser_assess_tile(server, bench_model, bench_tile):
         )
 
 
+@pytest.mark.browser
+def test_browser_assess_tile_without_footprints(server, bench_model, bench_tile):
+    """Pre and post only: the localiser of the models folder finds the buildings, and they are
+    graded, drawn and listed like given ones."""
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import expect, sync_playwright
+
+    from app.localizer import LOCALIZER_NAME, Localizer
+    from tests.test_detect import make_localizer
+
+    pre, post, _ = bench_tile
+    # a brightness localiser (a real ONNX graph): the synthetic roofs are brighter than the ground
+    localizer = make_localizer(bench_model.parent / LOCALIZER_NAME, level=140.0, min_area_px=30)
+    expected = len(Localizer(localizer).detect(_rgb(pre)))
+    assert expected > 10
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(server, wait_until="domcontentloaded")
+            expect(page.locator("#assess-tile")).to_be_visible(timeout=60_000)
+            for elem, path in (("#tile-pre", pre), ("#tile-post", post)):
+                page.locator(f"{elem} input[type=file]").set_input_files(str(path))
+                expect(page.locator(elem).get_by_text(path.stem).first).to_be_visible(
+                    timeout=30_000
+                )
+            start = time.perf_counter()
+            page.locator("#assess-tile").click()
+            summary = page.locator("#summary")
+            expect(summary).to_contain_text("buildings detected by the localiser", timeout=120_000)
+            seconds = time.perf_counter() - start
+            expect(summary).to_contain_text(f"{expected} buildings")
+            table = page.locator("#buildings")
+            expect(table.get_by_role("columnheader", name="confidence")).to_be_visible()
+            expect(table.get_by_role("gridcell", name="0", exact=True)).to_be_visible()
+            page.evaluate(
+                "() => document.querySelectorAll('#buildings *').forEach("
+                "e => { if (e.scrollHeight > e.clientHeight + 5) e.scrollTop = e.scrollHeight; })"
+            )
+            last = table.get_by_role("gridcell", name=str(expected - 1), exact=True)
+            expect(last).to_be_visible(timeout=10_000)
+            assert table.get_by_role("gridcell", name=str(expected), exact=True).count() == 0
+            page.screenshot(path=str(ARTIFACTS / "app_browser_detected.png"), full_page=True)
+        finally:
+            browser.close()
+            localizer.unlink()
+    print(
+        f"\nweb app: {expected} detected buildings on a 1024x1024 tile, brightness localiser, "
+        f"click to summary {seconds:.2f} s ({os.cpu_count()} CPU cores)"
+    )
+
+
+def _rgb(path: Path):
+    from data_prep.imagery import read_rgb
+
+    return read_rgb(path)
+
+
 def _assess(page, model: str) -> float:
     """Click "Assess" and wait until the summary names ``model`` and the overlay image is
     loaded; returns the seconds from the click."""
