@@ -691,13 +691,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "OUT/metrics.json (accuracy, macro-F1, per-class scores, xView2 damage F1, confusion "
             "matrix, calibration ECE/NLL/Brier before and after the model's temperature, "
             "representation metrics SAA/SAD/CAC/CAD/GPU), OUT/predictions.csv, "
-            "OUT/confusion_matrix.png, OUT/reliability.png and t-SNE plots of the embeddings."
+            "OUT/confusion_matrix.png, OUT/reliability.png and t-SNE plots of the embeddings. "
+            "One of --run/--model, one of --chips/--xbd and --out are required. "
+            "`local-damage evaluate xview2` scores whole xBD tiles with the xView2 challenge "
+            "metric instead."
         ),
     )
-    model = p.add_mutually_exclusive_group(required=True)
+    # not required=True: `evaluate xview2` brings its own options; run() checks them
+    model = p.add_mutually_exclusive_group()
     model.add_argument("--run", metavar="RUN", help="run folder of `local-damage train`")
     model.add_argument("--model", metavar="MODEL.onnx", help="exported ONNX model")
-    data = p.add_mutually_exclusive_group(required=True)
+    data = p.add_mutually_exclusive_group()
     data.add_argument("--chips", metavar="CHIPS", help="chip store folder")
     data.add_argument(
         "--xbd",
@@ -711,7 +715,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="evaluate fold K of CHIPS/splits.csv (the run's validation fold); default: every labelled chip",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--out", metavar="DIR", help="output folder")
     p.add_argument(
         "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
     )
@@ -733,9 +737,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
+    from local_damage import evaluate_xview2
+
+    tasks = p.add_subparsers(dest="evaluate_task", metavar="[xview2]", title="task (optional)")
+    evaluate_xview2.add_parser(tasks)
 
 
 def run(args: argparse.Namespace) -> int:
+    needed = [
+        ("--run or --model", args.run or args.model),
+        ("--chips or --xbd", args.chips or args.xbd),
+        ("--out", args.out),
+    ]
+    missing = [flag for flag, given in needed if not given]
+    if missing:
+        print(
+            f"error: evaluate needs {', '.join(missing)} (see `local-damage evaluate --help`)",
+            file=sys.stderr,
+        )
+        return 2
     if args.fold is not None and args.xbd:
         print(
             "error: --fold applies to --chips; with --xbd every cut chip is evaluated",

@@ -1,5 +1,5 @@
 """Evaluation metrics: per-building classification scores, calibration of the class
-probabilities, and representation-space geometry.
+probabilities, representation-space geometry, and the xView2 challenge's pixel score.
 
 NumPy, SciPy and scikit-learn only (matplotlib inside the plot functions): no torch, so the
 ONNX-based evaluation path can use them.
@@ -30,10 +30,12 @@ from local_damage.metrics.representation import (
     sample_alignment_accuracy,
     sample_alignment_distance,
 )
+from local_damage.metrics.xview2 import XView2Counts, xview2_scores
 
 __all__ = [
     "CLASS_COLOURS",
     "ECE_BINS",
+    "XView2Counts",
     "brier_score",
     "calibration_metrics",
     "expected_calibration_error",
@@ -51,4 +53,5 @@ __all__ = [
     "representation_metrics",
     "sample_alignment_accuracy",
     "sample_alignment_distance",
+    "xview2_scores",
 ]
