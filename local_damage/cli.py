@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         geometry,
         probe,
     )
+    from local_damage.localize import cli as localize_cli
     from local_damage.train import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_parser(sub)
     adapt_cli.add_parser(sub)
     probe.add_parser(sub)
+    localize_cli.add_parser(sub)
 
     bench = sub.add_parser(
         "bench",

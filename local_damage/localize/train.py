@@ -1,0 +1,244 @@
+"""The localiser's training loop: config in, run folder out.
+
+Layout of ``RUN/``: ``config.yaml`` (the resolved config), ``best.safetensors`` (U-Net weights of
+the best validation epoch, or the last), ``last.safetensors``, ``metrics.csv`` (one row per
+epoch) and ``summary.json`` (tiles and folds used, seconds per epoch, and the threshold and
+smallest blob chosen on the validation tiles).
+
+Tiles are split into the damage model's folds (:func:`data_prep.masks.fold_map`): ``fold`` is the
+validation fold (the best epoch, the threshold and the smallest blob are chosen there), ``holdout``
+a test fold never read.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from local_damage.config import save_yaml, to_dict
+from local_damage.localize.config import LocalizeConfig
+from local_damage.localize.data import TileCrops
+from local_damage.localize.evaluate import (
+    building_mask,
+    choose_operating_point,
+    pixel_counts,
+    predict_probability,
+    scores,
+)
+from local_damage.localize.model import build_unet, normalize
+from local_damage.train.checkpoint import save_weights
+from local_damage.train.loop import build_optimizer, seed_everything
+
+BEST = "best.safetensors"
+LAST = "last.safetensors"
+SUMMARY = "summary.json"
+METRICS_CSV = "metrics.csv"
+
+
+def bce_dice_loss(
+    logits: torch.Tensor, target: torch.Tensor, bce_weight: float = 1.0, dice_weight: float = 1.0
+) -> torch.Tensor:
+    """``bce_weight * BCE + dice_weight * (1 - soft Dice)``; logits and target ``[N, H, W]``.
+
+    The soft Dice is computed over the whole batch (smoothing 1), so crops without buildings do
+    not give it an undefined term.
+    """
+    bce = F.binary_cross_entropy_with_logits(logits, target)
+    prob = torch.sigmoid(logits)
+    dice = (2 * (prob * target).sum() + 1) / (prob.sum() + target.sum() + 1)
+    return bce_weight * bce + dice_weight * (1 - dice)
+
+
+def torch_model(net: torch.nn.Module):
+    """A :data:`~local_damage.localize.evaluate.Model` function over a PyTorch U-Net (eval mode)."""
+
+    @torch.no_grad()
+    def run(batch: np.ndarray) -> np.ndarray:
+        net.eval()
+        return torch.sigmoid(net(normalize(torch.from_numpy(batch)))).squeeze(1).numpy()
+
+    return run
+
+
+def split_tiles(tiles, folds_of: dict[str, int], fold: int | None, holdout: int | None):
+    """``(train, val)`` tiles: val is fold ``fold``; train every other tile outside ``holdout``."""
+    if fold is not None and fold == holdout:
+        raise ValueError(f"fold {fold} cannot be both the validation and the held-out fold")
+    known = sorted(set(folds_of.values()))
+    for name, k in (("fold", fold), ("holdout", holdout)):
+        if k is not None and k not in known:
+            raise ValueError(f"no {name} {k}; the folds are {', '.join(map(str, known))}")
+    val = [t for t in tiles if fold is not None and folds_of.get(t.name) == fold]
+    train = [
+        t
+        for t in tiles
+        if folds_of.get(t.name) not in {fold, holdout} or folds_of.get(t.name) is None
+    ]
+    return train, val
+
+
+def train_localizer(
+    cfg: LocalizeConfig,
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    fold: int | None = None,
+    holdout: int | None = None,
+    folds: int = 5,
+    split_seed: int = 14,
+    splits: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train a localiser on the xBD tiles below ``root`` and write the run folder ``out``.
+
+    Args:
+        cfg: the resolved config (saved as ``out/config.yaml``).
+        root: xBD root (images/ and labels/).
+        out: run folder.
+        fold: validation fold; None trains on every tile outside ``holdout`` without validation
+            (the last weights are kept and the threshold stays 0.5, smallest blob 0).
+        holdout: test fold, never read.
+        folds, split_seed: the tile split (that of ``local-damage split --folds 5 --seed 14`` by
+            default).
+        splits: take the folds from this chip store ``splits.csv`` instead.
+        progress: show a progress bar and per-epoch lines.
+
+    Returns:
+        The run summary (also ``out/summary.json``).
+    """
+    from tqdm import tqdm
+
+    from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile
+
+    out = Path(out)
+    seed_everything(cfg.train.seed, deterministic=False)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    tiles = find_mask_tiles(root)
+    folds_of = fold_map(tiles, folds, split_seed, splits)
+    train_tiles, val_tiles = split_tiles(tiles, folds_of, fold, holdout)
+    if not train_tiles:
+        raise ValueError(f"{root}: no training tiles left outside folds {fold} and {holdout}")
+    scale, tile_size = cfg.data.scale, cfg.data.tile_size
+    pairs = [load_mask_tile(t, scale) for t in train_tiles]
+    val_pairs = [load_mask_tile(t, 1.0) for t in val_tiles]
+    dataset = TileCrops(
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        cfg.data.crop_size,
+        cfg.data.crops_per_tile,
+        augment=cfg.data.augment,
+        seed=cfg.train.seed,
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=cfg.train.batch_size,
+        shuffle=True,
+        drop_last=len(dataset) >= cfg.train.batch_size,
+        generator=torch.Generator().manual_seed(cfg.train.seed),
+    )
+    net = build_unet(cfg.model)
+    optimizer, scheduler = build_optimizer(cfg, net)
+    out.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg, out / "config.yaml")
+    fields = ["epoch", "lr", "train_loss", "val_precision", "val_recall", "val_f1", "seconds"]
+    with open(out / METRICS_CSV, "w", newline="") as fh:
+        csv.DictWriter(fh, fields).writeheader()
+
+    def validate() -> tuple[list[np.ndarray], dict[str, float]]:
+        run = torch_model(net)
+        probs = [predict_probability(run, image, scale, tile_size) for image, _ in val_pairs]
+        counts = np.zeros(3, np.int64)
+        for prob, (_, mask) in zip(probs, val_pairs, strict=True):
+            counts += pixel_counts(building_mask(prob, 0.5), mask)
+        return probs, scores(*map(int, counts))
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.amp == "bf16")
+    best_f1, best_epoch, epoch_seconds = -1.0, -1, []
+    for epoch in range(cfg.train.epochs):
+        net.train()
+        t0 = time.perf_counter()
+        losses = []
+        bar = tqdm(
+            loader,
+            desc=f"epoch {epoch + 1}/{cfg.train.epochs}",
+            disable=not progress,
+            leave=False,
+            unit="batch",
+        )
+        for image, mask in bar:
+            with autocast:
+                logits = net(normalize(image)).squeeze(1)
+            loss = bce_dice_loss(logits.float(), mask, cfg.loss.bce_weight, cfg.loss.dice_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.optim.grad_clip)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            bar.set_postfix(loss=f"{np.mean(losses):.4f}")
+        lr = optimizer.param_groups[0]["lr"]
+        scheduler.step()
+        epoch_seconds.append(time.perf_counter() - t0)
+        row: dict[str, Any] = {
+            "epoch": epoch + 1,
+            "lr": lr,
+            "train_loss": float(np.mean(losses)),
+            "seconds": round(epoch_seconds[-1], 2),
+        }
+        last = epoch + 1 == cfg.train.epochs
+        if val_pairs and ((epoch + 1) % cfg.train.val_every == 0 or last):
+            _, s = validate()
+            row.update(val_precision=s["precision"], val_recall=s["recall"], val_f1=s["f1"])
+            if cfg.train.keep == "best" and s["f1"] > best_f1:
+                best_f1, best_epoch = s["f1"], epoch
+                save_weights(net, out / BEST)
+        save_weights(net, out / LAST)
+        if cfg.train.keep == "last" or not val_pairs:
+            save_weights(net, out / BEST)
+            best_epoch = epoch
+        with open(out / METRICS_CSV, "a", newline="") as fh:
+            csv.DictWriter(fh, fields).writerow(row)
+        if progress:
+            shown = f"  val F1@0.5 {row['val_f1']:.4f}" if "val_f1" in row else ""
+            print(
+                f"epoch {epoch + 1}/{cfg.train.epochs}: loss {row['train_loss']:.4f}{shown}"
+                f"  {row['seconds']:.1f}s",
+                flush=True,
+            )
+
+    from safetensors.torch import load_file
+
+    net.load_state_dict(load_file(str(out / BEST)))
+    operating = {"threshold": 0.5, "min_area_px": 0, "chosen_on": None}
+    if val_pairs:
+        probs, _ = validate()
+        c = cfg.calibration
+        point = choose_operating_point(probs, [m for _, m in val_pairs], c.thresholds, c.min_areas)
+        operating = {**point, "chosen_on": {"fold": fold, "tiles": [t.name for t in val_tiles]}}
+    summary = {
+        "root": str(root),
+        "split": {"folds": folds, "by": "tile", "seed": split_seed, "splits": splits},
+        "fold": fold,
+        "holdout": holdout,
+        "train_tiles": [t.name for t in train_tiles],
+        "val_tiles": [t.name for t in val_tiles],
+        "train_folds": sorted({folds_of[t.name] for t in train_tiles if t.name in folds_of}),
+        "events": sorted({t.event for t in train_tiles}),
+        "epochs": cfg.train.epochs,
+        "best_epoch": best_epoch + 1,
+        "best_val_f1_at_0.5": best_f1 if best_f1 >= 0 else None,
+        "seconds_per_epoch": float(np.median(epoch_seconds)),
+        "operating_point": operating,
+        "config": to_dict(cfg),
+    }
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,286 @@
+"""The building localiser: masks from label polygons, folds, config, training, ONNX export.
+
+Synthetic tiles are made here: small xBD-style tiles (pre/post PNG plus label JSON) with bright
+rectangles as buildings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, shared_data
+
+CLASSES = ("no-damage", "minor-damage", "major-damage", "destroyed")
+SIZE = 128
+
+#: A tiny, fast localiser run (tests only).
+TINY = [
+    "model.decoder_channels=[16,16,8,8,8]",
+    "data.scale=1.0",
+    "data.crop_size=64",
+    "data.crops_per_tile=2",
+    "data.tile_size=128",
+    "train.batch_size=4",
+    "train.epochs=1",
+    "train.val_every=1",
+    "calibration.thresholds=[0.4,0.5]",
+    "calibration.min_areas=[0,10]",
+]
+
+
+def _rect_wkt(x0: float, y0: float, x1: float, y1: float) -> str:
+    return f"POLYGON (({x0} {y0}, {x1} {y0}, {x1} {y1}, {x0} {y1}, {x0} {y0}))"
+
+
+def make_rect_tiles(root: Path, n: int = 6, seed: int = 0) -> Path:
+    """``n`` xBD-style tiles of SIZE px with 3-5 rectangular buildings each; returns ``root``."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir(parents=True)
+    for i in range(n):
+        name = f"synthetic-rects_{i:08d}"
+        image = rng.integers(40, 90, (SIZE, SIZE, 3), dtype=np.uint8)
+        features = []
+        for k in range(int(rng.integers(3, 6))):
+            x0, y0 = (int(v) for v in rng.integers(4, SIZE - 28, 2))
+            w, h = (int(v) for v in rng.integers(8, 24, 2))
+            image[y0 : y0 + h, x0 : x0 + w] = (220, 210, 200)
+            features.append(
+                {
+                    "properties": {
+                        "feature_type": "building",
+                        "uid": f"{i}-{k}",
+                        "subtype": CLASSES[(i + k) % 4],
+                    },
+                    "wkt": _rect_wkt(x0, y0, x0 + w, y0 + h),
+                }
+            )
+        for phase in ("pre", "post"):
+            bgr = np.ascontiguousarray(image[:, :, ::-1])
+            cv2.imwrite(str(root / "images" / f"{name}_{phase}_disaster.png"), bgr)
+            feats = [
+                {**f, "properties": {k: v for k, v in f["properties"].items() if k != "subtype"}}
+                if phase == "pre"
+                else f
+                for f in features
+            ]
+            label = {"features": {"xy": feats}, "metadata": {"disaster": "synthetic-rects"}}
+            (root / "labels" / f"{name}_{phase}_disaster.json").write_text(json.dumps(label))
+    return root
+
+
+@pytest.fixture(scope="module")
+def rect_root(tmp_path_factory) -> Path:
+    return make_rect_tiles(tmp_path_factory.mktemp("rects") / "xbd")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(rect_root, tmp_path_factory) -> tuple[Path, dict]:
+    from local_damage.config import load_yaml
+    from local_damage.localize.config import LocalizeConfig
+    from local_damage.localize.train import train_localizer
+
+    cfg = load_yaml(LocalizeConfig, REPO / "configs" / "localize.yaml", TINY)
+    out = tmp_path_factory.mktemp("localize-run")
+    summary = train_localizer(
+        cfg, rect_root, out, fold=0, holdout=1, folds=3, split_seed=0, progress=False
+    )
+    return out, summary
+
+
+def test_rasterize_matches_hand_counts():
+    import shapely
+
+    from data_prep.masks import rasterize_mask
+
+    rect = shapely.from_wkt(_rect_wkt(10, 10, 20, 30))  # 10 x 20 pixel centres inside
+    # right triangle x, y >= 40, x + y <= 90.2 (no pixel centre on its hypotenuse)
+    tri = shapely.from_wkt("POLYGON ((40 40, 50.2 40, 40 50.2, 40 40))")
+    mask = rasterize_mask([rect], (64, 64))
+    assert mask.dtype == np.uint8 and mask.sum() == 200
+    assert mask[10:30, 10:20].all() and mask.sum() == mask[10:30, 10:20].sum()
+    # centres (c + 0.5, r + 0.5) with c, r >= 40 and c + r <= 89: 10 + 9 + ... + 1 = 55
+    assert rasterize_mask([tri], (64, 64)).sum() == 55
+    # on a half-resolution grid the rectangle covers 5 x 10 pixels
+    assert rasterize_mask([rect], (32, 32), scale=0.5).sum() == 50
+    assert rasterize_mask([], (8, 8)).sum() == 0
+
+
+def test_mask_tiles_read_polygons_from_labels(rect_root):
+    from data_prep.masks import building_polygons, find_mask_tiles, load_mask_tile
+
+    tiles = find_mask_tiles(rect_root)
+    assert len(tiles) == 6 and tiles[0].label.name.endswith("_pre_disaster.json")
+    label = json.loads(tiles[0].post_label.read_text())
+    painted = np.zeros((SIZE, SIZE), np.uint8)
+    for f in label["features"]["xy"]:
+        corners = [p.split() for p in f["wkt"][len("POLYGON ((") : -2].split(", ")]
+        x0, y0, x1, y1 = (int(float(v)) for v in (*corners[0], *corners[2]))
+        painted[y0:y1, x0:x1] = 1  # integer corners: exactly the pixels whose centre is inside
+    image, mask = load_mask_tile(tiles[0])
+    assert image.shape == (SIZE, SIZE, 3) and mask.shape == (SIZE, SIZE)
+    assert len(building_polygons(tiles[0].label)) == len(label["features"]["xy"])
+    assert mask.sum() > 0 and np.array_equal(mask, painted)
+    half_image, half_mask = load_mask_tile(tiles[0], 0.5)
+    assert half_image.shape == (SIZE // 2, SIZE // 2, 3) and half_mask.shape == (64, 64)
+
+
+def test_tile_folds_match_the_chip_store_split(rect_root, tmp_path):
+    from data_prep.masks import find_mask_tiles, read_store_folds, tile_folds
+    from data_prep.split import make_splits
+    from data_prep.xbd import prepare_xbd
+
+    prepare_xbd([rect_root], tmp_path / "chips", progress=False)
+    splits = make_splits(tmp_path / "chips", folds=3, seed=14, verbose=False)
+    assert tile_folds(find_mask_tiles(rect_root), 3, 14) == read_store_folds(splits)
+
+
+def test_config_rejects_unknown_keys(tmp_path):
+    from local_damage.config import ConfigError, load_yaml
+    from local_damage.localize.config import LocalizeConfig
+
+    cfg = load_yaml(LocalizeConfig, REPO / "configs" / "localize.yaml")
+    assert cfg.model.encoder == "resnet18" and cfg.optim.optimizer == "adamw"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  scale: 0.5\n  crop: 256\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_yaml(LocalizeConfig, bad)
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        load_yaml(LocalizeConfig, None, ["data.crop_size=100"])
+    with pytest.raises(ConfigError):
+        load_yaml(LocalizeConfig, None, ["train.nope=1"])
+
+
+def test_missing_encoder_weights_file_is_named(tmp_path):
+    from local_damage.localize.config import UnetConfig
+    from local_damage.localize.model import build_unet
+
+    missing = tmp_path / "resnet18.pth"
+    with pytest.raises(FileNotFoundError, match="resnet18.pth"):
+        build_unet(UnetConfig(encoder_weights=str(missing)))
+    with pytest.raises(ValueError, match="valid names"):
+        build_unet(UnetConfig(encoder="resnet-nope"))
+
+
+def test_operating_point_and_blob_filter():
+    from local_damage.localize.evaluate import (
+        building_mask,
+        choose_operating_point,
+        pixel_counts,
+        scores,
+    )
+
+    target = np.zeros((20, 20), bool)
+    target[2:8, 2:8] = True  # 36 px
+    prob = np.zeros((20, 20), np.float32)
+    prob[2:8, 2:8] = 0.6
+    prob[15, 15] = 0.9  # a 1-pixel false blob
+    assert pixel_counts(building_mask(prob, 0.5), target) == (36, 1, 0)
+    assert pixel_counts(building_mask(prob, 0.5, min_area=2), target) == (36, 0, 0)
+    assert scores(0, 0, 5)["f1"] == 0.0
+    best = choose_operating_point([prob], [target], [0.5, 0.7], [0, 2])
+    assert best["threshold"] == 0.5 and best["min_area_px"] == 2 and best["f1"] == 1.0
+
+
+def test_train_writes_a_run(tiny_run):
+    out, summary = tiny_run
+    for name in ("config.yaml", "best.safetensors", "last.safetensors", "metrics.csv"):
+        assert (out / name).is_file(), name
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["val_tiles"] and set(saved["val_tiles"]).isdisjoint(saved["train_tiles"])
+    assert saved["operating_point"]["threshold"] in (0.4, 0.5)
+    assert saved["operating_point"]["chosen_on"]["fold"] == 0
+    assert 0 not in saved["train_folds"] and 1 not in saved["train_folds"]
+    assert summary["seconds_per_epoch"] > 0
+
+
+def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
+    import onnx
+    import torch
+
+    from local_damage.export import ort_session, read_metadata
+    from local_damage.localize.evaluate import evaluate_model
+    from local_damage.localize.export import export_localizer, load_localize_run
+    from local_damage.localize.model import UInt8Localizer
+
+    run, _ = tiny_run
+    path = tmp_path / "localizer.onnx"
+    report = export_localizer(run, path, root=rect_root)
+    assert report["max_abs_diff_fp32"] <= 1e-4
+    proto = onnx.load(str(path))
+    (inp,) = proto.graph.input
+    (out,) = proto.graph.output
+    assert inp.name == "image" and inp.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    assert out.name == "building" and out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    in_dims = inp.type.tensor_type.shape.dim
+    assert [d.dim_param != "" for d in in_dims] == [True, True, True, False]
+    assert in_dims[3].dim_value == 3
+    assert all(d.dim_param for d in out.type.tensor_type.shape.dim)
+    assert len(out.type.tensor_type.shape.dim) == 3
+    meta = read_metadata(proto)
+    for key in (
+        "format_version",
+        "task",
+        "tile_size",
+        "scale",
+        "threshold",
+        "min_area_px",
+        "trained_on",
+        "license",
+        "training",
+        "metrics",
+    ):
+        assert key in meta, key
+    assert meta["format_version"] == 1 and meta["task"] == "localize"
+    assert meta["tile_size"] == 128 and meta["scale"] == 1.0
+    assert meta["license"] is None  # synthetic data: no xBD licence to carry
+    assert meta["training"]["data"]["crop_size"] == 64
+    assert meta["metrics"]["calibration"]["fold"] == 0
+    # ONNX Runtime agrees with PyTorch at another batch size and window shape
+    _, _, net = load_localize_run(run)
+    x = np.random.default_rng(1).integers(0, 256, (2, 64, 96, 3), dtype=np.uint8)
+    with torch.no_grad():
+        ref = UInt8Localizer(net)(torch.from_numpy(x)).numpy()
+    got = ort_session(path).run(["building"], {"image": x})[0]
+    assert got.shape == (2, 64, 96) and got.dtype == np.float32
+    assert np.abs(got - ref).max() < 1e-4
+    result = evaluate_model(path, rect_root, 1, folds=3, split_seed=0, out=tmp_path / "m.json")
+    assert 0 <= result["f1"] <= 1 and result["tiles"]
+    assert json.loads((tmp_path / "m.json").read_text())["fold"] == 1
+
+
+def test_cli_refuses_bad_overrides(rect_root, tmp_path, capsys):
+    from local_damage.cli import main
+
+    code = main(
+        ["localize", "train", "--root", str(rect_root), "--out", str(tmp_path / "r")]
+        + ["--set", "data.nope=1"]
+    )
+    assert code == 2 and "nope" in capsys.readouterr().err
+
+
+@pytest.mark.realdata
+def test_bundled_localizer_on_a_heldout_tile():
+    from data_prep.masks import find_mask_tiles, tile_folds
+    from local_damage.localize.evaluate import evaluate_tiles, onnx_model
+
+    model_path = REPO / "models" / "localizer.onnx"
+    if not model_path.is_file():
+        pytest.skip("models/localizer.onnx not present")
+    root = shared_data("xbd_sample")
+    tiles = find_mask_tiles(root)
+    folds = tile_folds(tiles, 5, 14)
+    # a tile of the calibration fold (3), which the bundled model never trained on
+    tile = next(t for t in tiles if t.name == "santa-rosa-wildfire_00000089")
+    assert folds[tile.name] == 3
+    model, meta = onnx_model(model_path)
+    result = evaluate_tiles(
+        model, [tile], meta["scale"], meta["tile_size"], meta["threshold"], meta["min_area_px"]
+    )
+    assert result["f1"] > 0.5
