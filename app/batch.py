@@ -230,6 +230,16 @@ def scene_outputs(
     return paths
 
 
+def _absolute(job: SceneJob) -> SceneJob:
+    """``job`` with absolute input paths: a Dask worker may run in another working directory."""
+
+    def absolute(paths: Iterable[str]) -> tuple[str, ...]:
+        return tuple(str(Path(p).absolute()) for p in paths)
+
+    buildings = None if job.buildings is None else str(Path(job.buildings).absolute())
+    return SceneJob(job.name, absolute(job.pre), absolute(job.post), buildings)
+
+
 def _remove_stale_temporaries(paths: Iterable[Path]) -> None:
     """Delete temporary files an interrupted run left for these outputs (``.<name>.*``)."""
     for path in paths:
@@ -456,7 +466,7 @@ def score_batch(
         if resume and all(p.is_file() for p in paths.values()):
             entry["status"] = "done"
         else:
-            todo.append(_SceneTask(job, paths, options))
+            todo.append(_SceneTask(_absolute(job), paths, options))
     by_name = {e["name"]: e for e in entries}
     workers = default_workers() if workers is None else int(workers)
     workers = max(min(workers, len(todo)), 1)  # no idle workers to start

@@ -14,7 +14,7 @@ from local_damage import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app import adapt_cli, bench_alignment, bench_flags
+    from app import adapt_cli, bench_alignment, bench_flags, bench_score
     from app import cli as app_cli
     from data_prep import cli as data_prep_cli
     from local_damage import (
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     fewshot.add_parser(bench_sub)
     bench_flags.add_parser(bench_sub)
     bench_alignment.add_parser(bench_sub)
+    bench_score.add_parser(bench_sub)
     return parser
 
 

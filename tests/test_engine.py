@@ -200,6 +200,19 @@ def test_an_unreachable_scheduler_is_a_clear_error(scenes, score_model, tmp_path
     assert rc == 2
 
 
+def test_relative_paths_reach_workers_in_another_directory(
+    scenes, score_model, reference, scheduler, tmp_path, monkeypatch
+):
+    """The scheduler's workers run in their own working directory: a scene folder, model and
+    output folder given relative to the command's are still found and written."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink(scenes, "scenes")
+    os.symlink(score_model, "model.onnx")
+    assert run_cli("score-batch", "--scenes", "scenes", "--model", "model.onnx", "--out", "rel",
+                   "--raster", "--quiet", "--scheduler", scheduler) == 0  # fmt: skip
+    assert outputs(tmp_path / "rel") == reference
+
+
 # --- fault tolerance --------------------------------------------------------------------------
 
 
