@@ -260,6 +260,41 @@ def test_a_worker_killed_mid_batch_changes_nothing(
             assert got[f"s{i:02d}{suffix}"] == reference[f"s{i % 12:02d}{suffix}"]
 
 
+def test_a_worker_killed_mid_preparation_changes_nothing(tmp_path, scheduler):
+    """`prepare xbd` on the two workers, one SIGKILLed after the first tile's shards appear: the
+    store is byte for byte the one a single process writes, with no temporary left."""
+    from distributed import Client
+
+    from data_prep.spec import ChipSpec
+    from data_prep.synthetic import make_xbd
+    from data_prep.xbd import prepare_xbd
+
+    root = make_xbd(tmp_path / "xbd", seed=3, n_tiles=24, size=512)
+    spec = ChipSpec(chip_size=64, min_size=32)
+    prepare_xbd(root, tmp_path / "one", spec=spec, workers=1, progress=False)
+    out = tmp_path / "killed"
+    with Client(scheduler, timeout=30) as client:
+        pids = client.run(os.getpid)
+        result: dict = {}
+
+        def run() -> None:
+            result["report"] = prepare_xbd(root, out, spec=spec, progress=False, client=client)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        assert wait_for(lambda: any((out / "shards").glob("*.npy")), 120)
+        busy = [w for w, tasks in client.processing().items() if tasks]
+        os.kill(pids[busy[0]] if busy else next(iter(pids.values())), signal.SIGKILL)
+        done_at_kill = len(list((out / "shards").glob("*.npy")))
+        thread.join(timeout=240)
+        assert not thread.is_alive()
+    assert busy and done_at_kill < 48, "the preparation ended before a worker could be killed"
+    report = result["report"]
+    assert not [s for s in report.skipped if "not prepared" in s.reason]
+    assert store_bytes(out) == store_bytes(tmp_path / "one")
+    assert not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
+
+
 @pytest.mark.parametrize("where", ["embedded", "remote"])
 def test_a_client_killed_mid_batch_resumes(
     where, tmp_path, synthetic_scene, score_model, reference, scheduler
