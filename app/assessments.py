@@ -89,7 +89,7 @@ def save_correction(session: str | os.PathLike, row: int, damage: str) -> Path:
     ``local-damage prepare scene --label-field damage``. Written atomically.
 
     Args:
-        session: the :attr:`app.web.TileResult.session` folder.
+        session: the :attr:`app.assess.TileResult.session` folder.
         row: the building's ``#`` in the table.
         damage: the right class name (one of the model's classes).
 

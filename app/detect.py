@@ -295,9 +295,9 @@ def app_localizer(models_dir: str | os.PathLike | None = None):
 def app_detect(localizer, pre: Path, post: Path, out_dir: Path, max_pixels: int | None) -> Path:
     """:func:`detect_tile` for the web app: the footprint file written under
     ``out_dir/detected``; unusable input as :class:`app.assessments.AppError`."""
+    from app.assess import _short
     from app.assessments import AppError
     from app.score import _image_georef
-    from app.web import _short
     from data_prep.imagery import ImageError
     from data_prep.mosaic import SceneError
 
