@@ -1,6 +1,6 @@
 """`local-damage calibrate`: fit a temperature to an ONNX model on labelled chips and store it.
 
-The model is run through :class:`local_damage.evaluate.OnnxScorer` (the ONNX Runtime predictor
+The model is run through :class:`local_damage.scorers.OnnxScorer` (the ONNX Runtime predictor
 that serving uses) on the labelled chips of a chip store, or of one fold of its splits; the
 temperature ``T`` that minimises the negative log-likelihood of their labels
 (:func:`app.calibration.fit_temperature`) is written into a copy of the model as the
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from local_damage.evaluate import Scored
+    from local_damage.scorers import Scored
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
@@ -121,7 +121,7 @@ def fit_ood(
     """Class prototypes and the ``ood`` threshold of a model (the ``ood`` metadata prop).
 
     Args:
-        scorer: the model (:class:`local_damage.evaluate.OnnxScorer`).
+        scorer: the model (:class:`local_damage.scorers.OnnxScorer`).
         chips: the chip store.
         threshold_scored: the model's outputs on the calibration chips (fold ``fold``); the
             threshold is the ``quantile`` of their largest cosine to a prototype.
@@ -228,9 +228,10 @@ def calibrate_model(
     from app import flags
     from app.calibration import METADATA_KEY, calibration_block, fit_temperature
     from app.predictor import Predictor, softmax
-    from local_damage.evaluate import OnnxScorer, select_chips, warn_spec_mismatch
+    from local_damage.evaluate import select_chips, warn_spec_mismatch
     from local_damage.export import save_onnx, set_metadata
     from local_damage.metrics import calibration_metrics
+    from local_damage.scorers import OnnxScorer
 
     model, chips, out = Path(model), Path(chips), Path(out)
     if out.suffix != ".onnx":

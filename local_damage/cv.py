@@ -145,7 +145,8 @@ def run_fold(
     """
     import json
 
-    from local_damage.evaluate import METRICS_JSON, TorchScorer, evaluate_chips
+    from local_damage.evaluate import METRICS_JSON, evaluate_chips
+    from local_damage.scorers import TorchScorer
     from local_damage.train.checkpoint import LAST_DIR
     from local_damage.train.loop import SUMMARY, train
 

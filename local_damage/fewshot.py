@@ -233,7 +233,7 @@ def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, 
 def finetune(cfg, chips, base_run: Path, label_ids, eval_ids, epochs, overrides, seed, folder):
     """``(predictions in eval_ids order, note)`` of ``train --init base_run`` on ``label_ids``."""
     from local_damage.config import apply_overrides
-    from local_damage.evaluate import TorchScorer
+    from local_damage.scorers import TorchScorer
     from local_damage.train.loop import train
 
     batch = min(cfg.train.batch_size, len(label_ids))

@@ -168,7 +168,8 @@ def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
 
 
 def test_second_view_is_augmented_and_seeded(run, store):
-    from local_damage.evaluate import TorchScorer, _augmented_view, select_chips
+    from local_damage.evaluate import select_chips
+    from local_damage.scorers import TorchScorer, _augmented_view
 
     scorer = TorchScorer(run)
     ids, _, _ = select_chips(store, fold=1)
@@ -238,8 +239,9 @@ def test_clear_errors(run, store, tmp_path, capsys):
 @pytest.mark.skipif(not (REPO / "app" / "predictor.py").is_file(), reason="needs app.predictor")
 def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     from data_prep.xbd import prepare_xbd
-    from local_damage.evaluate import OnnxScorer, TorchScorer, select_chips
+    from local_damage.evaluate import select_chips
     from local_damage.export import export_run
+    from local_damage.scorers import OnnxScorer, TorchScorer
 
     model = tmp_path / "model.onnx"
     export_run(run, model)
