@@ -2,7 +2,7 @@
 
 - :func:`assess_tile`: a pre and a post tile (PNG, JPEG or GeoTIFF) and building footprints (an
   xBD label JSON with pixel polygons, or GeoJSON / GeoPackage in any CRS for georeferenced
-  GeoTIFFs; none: the localiser finds the buildings), scored by :func:`app.score.score_xbd` or
+  GeoTIFFs; none: the localiser finds the buildings), scored by :func:`app.score_xbd.score_xbd` or
   :func:`app.score.score_scene`, the same pipeline as `local-damage score`. Gives the post tile
   with every footprint outlined and filled by predicted class and a legend, counts per class, a
   table of buildings with probabilities and confidence, and the results as GeoJSON (or
@@ -261,7 +261,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def _is_georeferenced(path: Path) -> bool:
-    from app.score import _image_georef
+    from app.score_xbd import _image_georef
 
     return _image_georef(path)[0] is not None
 
@@ -310,7 +310,8 @@ def assess_tile(
             the image, an unreadable footprint file.
     """
     from app.outputs import OutputError
-    from app.score import score_scene, score_xbd
+    from app.score import score_scene
+    from app.score_xbd import score_xbd
     from data_prep.imagery import ImageError
     from data_prep.mosaic import SceneError
     from data_prep.quality import BLANK

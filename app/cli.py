@@ -68,7 +68,8 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 def _run_score(args: argparse.Namespace) -> int:
-    from app.score import check_outputs, score_scene, score_xbd
+    from app.score import check_outputs, score_scene
+    from app.score_xbd import score_xbd
 
     errors = _input_errors()
     try:

@@ -1,6 +1,6 @@
 """Scoring without footprints: the localiser's buildings become the footprints that are graded.
 
-Given no footprint file, :func:`app.score.score_scene` and :func:`app.score.score_xbd` find the
+Given no footprint file, :func:`app.score.score_scene` and :func:`app.score_xbd.score_xbd` find the
 buildings with a localiser (:mod:`app.localizer`) and grade them exactly as supplied footprints
 are graded; every output feature says where its building came from in a ``source`` column,
 ``given`` (supplied footprints) or ``detected`` (found by the localiser).
@@ -250,7 +250,7 @@ def cli_localizer(path: str | None):
 def pixel_pair(pre: Sequence[str | os.PathLike], post: Sequence[str | os.PathLike]) -> bool:
     """Whether a footprint-free ``score`` is an xBD-mode one: a single pre and post image, the
     pre image without georeferencing (a pixel-aligned pair such as xBD's PNGs)."""
-    from app.score import _image_georef
+    from app.score_xbd import _image_georef
 
     return len(pre) == 1 and len(post) == 1 and _image_georef(pre[0])[0] is None
 
@@ -297,7 +297,7 @@ def app_detect(localizer, pre: Path, post: Path, out_dir: Path, max_pixels: int 
     ``out_dir/detected``; unusable input as :class:`app.assessments.AppError`."""
     from app.assess import _short
     from app.assessments import AppError
-    from app.score import _image_georef
+    from app.score_xbd import _image_georef
     from data_prep.imagery import ImageError
     from data_prep.mosaic import SceneError
 

@@ -2,7 +2,7 @@
 
 For every selected tile, the targets are drawn from its post label's polygons
 (:func:`data_prep.xview2_targets.xview2_targets`) and the predictions are what the product
-outputs when it scores the tile (:func:`app.score.score_xbd` and its class raster), then the pixel
+outputs when it scores the tile (:func:`app.score_xbd.score_xbd` and its class raster), then the pixel
 counts are pooled over the tiles and scored as the challenge's scorer does
 (:mod:`local_damage.metrics.xview2`):
 
@@ -181,7 +181,7 @@ def _grade(
 ) -> tuple[np.ndarray, int, int]:
     """Grade the polygons of ``label`` on the tile's images; ``(damage raster 0-4, buildings,
     graded)``."""
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     out.mkdir(parents=True, exist_ok=True)
     report = score_xbd(

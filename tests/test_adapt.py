@@ -199,7 +199,7 @@ def test_a_thousand_labels_use_stratified_k_fold():
 def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
     from app.flags import Flagger
     from app.predictor import Predictor
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     xbd = score_model.parent / "xbd"
     label = sorted((xbd / "labels").glob("*_post_disaster.json"))[0]

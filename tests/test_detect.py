@@ -335,7 +335,7 @@ def test_score_xbd_mode_without_labels(loc, rect_scene, tmp_path, capsys):
     )
     # with the label file the same command marks the buildings given
     from app.predictor import Predictor
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     labels = tmp_path / "rects_00000001_post_disaster.json"
     labels.write_text(

@@ -214,7 +214,7 @@ def test_max_pixels_from_argument_environment_and_default(monkeypatch):
 
 
 def test_huge_png_header_is_refused_before_decoding(xbd_tile, tmp_path, predictor):
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     huge = replace_image(xbd_tile, "pre", lambda stem, _: huge_png(stem.with_suffix(".png")))
     assert huge.stat().st_size < 200
@@ -258,7 +258,7 @@ def test_huge_png_peak_memory_stays_under_1_gb(xbd_tile, tmp_path):
 
 
 def test_truncated_png_is_refused_by_score_xbd(xbd_tile, tmp_path, predictor):
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     post = xbd_tile["post"]
     cut = truncate(post, tmp_path / f"cut{post.suffix}")
@@ -285,7 +285,7 @@ def test_truncated_geotiff_tile_is_refused_by_prepare_xbd(xbd_tile, tmp_path):
 
 @pytest.mark.parametrize("kind", ["zeros", "five_bands", "one_band"])
 def test_blank_or_wrong_band_count_tile_writes_nothing(xbd_tile, tmp_path, predictor, kind):
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     def make(stem, old):
         bands = read_bands(old)

@@ -201,7 +201,7 @@ def test_prepare_and_score_scene_are_the_same_on_copies(
 def test_prepare_and_score_xbd_are_the_same_on_copies(
     synthetic_xbd, default_predictor, tmp_path, kind
 ):
-    from app.score import score_xbd
+    from app.score_xbd import score_xbd
 
     labels = sorted((synthetic_xbd / "labels").glob("*_post_disaster.json"))[:2]
     roots = {"u8": tmp_path / "u8", kind: tmp_path / kind}
