@@ -27,8 +27,7 @@ from app.predictor import (
     SUPPORTED_FORMAT_VERSIONS,
     ModelError,
     _parse_metadata,
-    _session_options,
-    default_providers,
+    open_session,
 )
 
 #: ``task`` metadata of a localiser model.
@@ -92,25 +91,11 @@ class Localizer:
         providers: Sequence[str] | None = None,
         threads: int | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelError(f"{self.path}: localiser model file not found")
-        try:
-            self._session = ort.InferenceSession(
-                str(self.path),
-                _session_options(threads),
-                providers=list(providers) if providers else default_providers(),
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types for bad files
-            raise ModelError(
-                f"{self.path}: not a loadable ONNX model ({type(exc).__name__}: {exc})"
-            ) from exc
-        self.providers: list[str] = list(self._session.get_providers())
-        self.metadata: dict[str, Any] = _parse_metadata(
-            self._session.get_modelmeta().custom_metadata_map
+        self._session, self.metadata = open_session(
+            self.path, providers, threads, "localiser model"
         )
+        self.providers: list[str] = list(self._session.get_providers())
         self._check()
 
     def _fail(self, problem: str) -> ModelError:

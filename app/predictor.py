@@ -108,6 +108,30 @@ def _session_options(threads: int | None):
     return options
 
 
+def open_session(path: Path, providers, threads: int | None, what: str):
+    """``(session, metadata)``: an ONNX Runtime session over ``path`` and its metadata props
+    parsed from JSON; ``what`` names the file in the errors (``model``, ``localiser model``).
+
+    Raises:
+        ModelError: the file is missing or not a loadable ONNX model.
+    """
+    import onnxruntime as ort
+
+    if not path.is_file():
+        raise ModelError(f"{path}: {what} file not found")
+    try:
+        session = ort.InferenceSession(
+            str(path),
+            _session_options(threads),
+            providers=list(providers) if providers else default_providers(),
+        )
+    except Exception as exc:  # onnxruntime raises its own exception types for bad files
+        raise ModelError(
+            f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})"
+        ) from exc
+    return session, _parse_metadata(session.get_modelmeta().custom_metadata_map)
+
+
 def default_providers() -> list[str]:
     """CUDA first when this onnxruntime has it (onnxruntime-gpu), then CPU."""
     import onnxruntime as ort
@@ -153,24 +177,9 @@ class Predictor:
         providers: Sequence[str] | None = None,
         threads: int | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelError(f"{self.path}: model file not found")
-        try:
-            self._session = ort.InferenceSession(
-                str(self.path),
-                _session_options(threads),
-                providers=list(providers) if providers else default_providers(),
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types for bad files
-            raise ModelError(
-                f"{self.path}: not a loadable ONNX model ({type(exc).__name__}: {exc})"
-            ) from exc
+        self._session, self.metadata = open_session(self.path, providers, threads, "model")
         self.providers: list[str] = list(self._session.get_providers())
-        raw = self._session.get_modelmeta().custom_metadata_map
-        self.metadata: dict[str, Any] = _parse_metadata(raw)
         self._check()
 
     def _fail(self, problem: str) -> ModelError:

@@ -281,6 +281,8 @@ def quantize_int8(
     dst: str | os.PathLike,
     calibration: tuple[np.ndarray, np.ndarray] | None = None,
     method: str = "static",
+    reader=None,
+    extra_props: Mapping[str, Any] | None = None,
 ) -> Path:
     """Quantize an fp32 model to int8 with onnxruntime.quantization; metadata props are kept.
 
@@ -291,6 +293,9 @@ def quantize_int8(
         method: ``"static"``: QDQ format, per-channel int8 weights, uint8 activations with ranges
             from min/max over the calibration chips (after ``quant_pre_process``);
             ``"dynamic"``: int8 weights, activation ranges computed at run time.
+        reader: an onnxruntime ``CalibrationDataReader`` to use instead of ``calibration``
+            (models with other inputs, e.g. the localiser's images).
+        extra_props: metadata props to set on the int8 model besides the ones kept.
 
     Returns:
         ``dst``.
@@ -314,12 +319,12 @@ def quantize_int8(
         out = Path(tmp) / "int8.onnx"
         if method == "static":
             quant_pre_process(str(src), str(prepared))
-            if calibration is None or len(calibration[0]) == 0:
+            if reader is None and (calibration is None or len(calibration[0]) == 0):
                 raise ValueError("static int8 quantization needs calibration chips")
             quantize_static(
                 str(prepared),
                 str(out),
-                _ChipReader(*calibration),
+                reader if reader is not None else _ChipReader(*calibration),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
                 activation_type=QuantType.QUInt8,
@@ -340,7 +345,7 @@ def quantize_int8(
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
         proto = onnx.load(str(out))
-    set_metadata(proto, props, only=True)
+    set_metadata(proto, {**props, **(extra_props or {})}, only=True)
     return save_onnx(proto, dst)
 
 

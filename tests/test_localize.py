@@ -255,6 +255,26 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["fold"] == 1
 
 
+@pytest.mark.parametrize("method", ["static", "dynamic"])
+def test_int8_export_keeps_the_contract_and_the_mask(tiny_run, rect_root, tmp_path, method):
+    from app.localizer import Localizer
+    from local_damage.localize.export import export_localizer, quantize_localizer
+
+    run, _ = tiny_run
+    fp32 = tmp_path / "fp32.onnx"
+    export_localizer(run, fp32, root=rect_root)
+    int8 = tmp_path / f"{method}.onnx"
+    windows = [np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8)]
+    quantize_localizer(fp32, int8, windows=windows if method == "static" else None, method=method)
+    a, b = Localizer(fp32), Localizer(int8)
+    assert b.metadata["precision"] == "int8" and b.metadata["task"] == "localize"
+    assert b.threshold == a.threshold and b.min_area_px == a.min_area_px
+    x = np.random.default_rng(3).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    assert np.abs(a.predict(x) - b.predict(x)).max() < 0.1
+    with pytest.raises(ValueError, match="calibration windows"):
+        quantize_localizer(fp32, tmp_path / "x.onnx", windows=None, method="static")
+
+
 def test_cli_refuses_bad_overrides(rect_root, tmp_path, capsys):
     from local_damage.cli import main
 

@@ -33,9 +33,8 @@ from local_damage.export import (
     DEFAULT_OPSET,
     SYNTHETIC_EVENT_PREFIX,
     XBD_CREDIT,
-    _quiet_quantizer,
     ort_session,
-    read_metadata,
+    quantize_int8,
     save_onnx,
     set_metadata,
 )
@@ -48,7 +47,6 @@ OUTPUT_NAME = "building"
 PROB_TOLERANCE = 1e-4
 #: The licence a localiser trained on xBD carries (SPDX identifier).
 XBD_SPDX = "CC-BY-NC-SA-4.0"
-INT8_METHODS = ("static", "dynamic")
 
 
 def load_localize_run(run: str | os.PathLike):
@@ -145,40 +143,15 @@ def quantize_localizer(
         method: ``"static"`` (QDQ, per-channel int8 weights, uint8 activations, min/max ranges)
             or ``"dynamic"`` (int8 weights, activation ranges at run time).
     """
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_dynamic,
-        quantize_static,
+    if method == "static" and not windows:
+        raise ValueError("static int8 quantization needs calibration windows")
+    return quantize_int8(
+        src,
+        dst,
+        method=method,
+        reader=_WindowReader(windows) if method == "static" else None,
+        extra_props={"precision": "int8"},
     )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    if method not in INT8_METHODS:
-        raise ValueError(f"unknown int8 method {method!r}: expected one of {INT8_METHODS}")
-    props = read_metadata(onnx.load(str(src), load_external_data=False))
-    with tempfile.TemporaryDirectory(prefix="quantize-") as tmp, _quiet_quantizer():
-        prepared, out = Path(tmp) / "prepared.onnx", Path(tmp) / "int8.onnx"
-        quant_pre_process(str(src), str(prepared))
-        if method == "static":
-            if not windows:
-                raise ValueError("static int8 quantization needs calibration windows")
-            quantize_static(
-                str(prepared),
-                str(out),
-                _WindowReader(windows),
-                quant_format=QuantFormat.QDQ,
-                per_channel=True,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                calibrate_method=CalibrationMethod.MinMax,
-            )
-        else:
-            quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8)
-        proto = onnx.load(str(out))
-    set_metadata(proto, {**props, "precision": "int8"}, only=True)
-    return save_onnx(proto, Path(dst))
 
 
 def _summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
