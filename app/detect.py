@@ -159,19 +159,15 @@ def detect_xbd_labels(
     Raises:
         SceneError: an unreadable, blank or too large image, or no building found.
     """
-    from data_prep.imagery import ImageError
+    from data_prep.imagery import ImageError, split_file_message
     from data_prep.mosaic import SceneError
     from data_prep.xbd import read_tile_pair
 
     try:
         image, _ = read_tile_pair(pre, post, max_pixels)
     except ImageError as exc:
-        text, item = str(exc), pre
-        for p in (pre, post):
-            if text.startswith(f"{p}: "):
-                text, item = text[len(f"{p}: ") :], p
-                break
-        raise SceneError(item, text) from exc
+        item, text = split_file_message(str(exc), (pre, post))
+        raise SceneError(item or pre, text) from exc
     n = write_xbd_labels(localizer.detect(image), path, Path(pre).name)
     if not n:
         raise _none_found(localizer, str(pre))

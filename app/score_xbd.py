@@ -144,7 +144,7 @@ def score_xbd(
     """
     from tqdm import tqdm
 
-    from data_prep.imagery import ImageError
+    from data_prep.imagery import ImageError, split_file_message
     from data_prep.quality import blank_reason
     from data_prep.report import PrepareReport
     from data_prep.windows import chip_window, crop_boundless, resize_chip
@@ -194,12 +194,8 @@ def score_xbd(
     try:
         pre_img, post_img = read_tile_pair(pre, post, max_pixels)
     except ImageError as exc:
-        text, item = str(exc), pre
-        for path in (pre, post):
-            if text.startswith(f"{path}: "):
-                text, item = text[len(f"{path}: ") :], path
-                break
-        raise SceneError(item, text) from exc
+        item, text = split_file_message(str(exc), (pre, post))
+        raise SceneError(item or pre, text) from exc
     if pre_img.shape != post_img.shape:
         raise SceneError(
             post,

@@ -15,6 +15,15 @@ class ImageError(ValueError):
     """An image that cannot be used; the message names the file and the problem."""
 
 
+def split_file_message(message: str, paths) -> tuple[str | None, str]:
+    """``(path, problem)`` of an error message ``"<path>: <problem>"`` naming one of ``paths``
+    (as :class:`ImageError` messages do); ``(None, message)`` when it names none of them."""
+    for path in paths:
+        if message.startswith(f"{path}: "):
+            return str(path), message[len(f"{path}: ") :]
+    return None, message
+
+
 def to_uint8_rgb(
     array: np.ndarray,
     path: str | os.PathLike,

@@ -22,7 +22,7 @@ import numpy as np
 
 from data_prep import quality
 from data_prep.engine import JobFailed
-from data_prep.imagery import ImageError, read_rgb, read_rgb_pair
+from data_prep.imagery import ImageError, read_rgb, read_rgb_pair, split_file_message
 from data_prep.quality import BLANK, blank_reasons
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, UNCLASSIFIED, UNLABELLED, ChipSpec, parse_label
@@ -397,15 +397,10 @@ def cut_tile(
     try:
         pre, post = read_tile_pair(tile.pre, tile.post, max_pixels)
     except Exception as exc:  # ImageError, or a decoder error of another kind
-        reason, path = str(exc), tile.pre
-        for candidate in (tile.pre, tile.post):
-            if reason.startswith(f"{candidate}: "):
-                reason, path = reason[len(f"{candidate}: ") :], candidate
-                break
-        else:
-            if not isinstance(exc, ImageError):
-                reason = f"cannot be read as an image ({type(exc).__name__}: {reason})"
-        report.skip(str(path), f"{reason}; tile skipped")
+        path, reason = split_file_message(str(exc), (tile.pre, tile.post))
+        if path is None and not isinstance(exc, ImageError):
+            reason = f"cannot be read as an image ({type(exc).__name__}: {reason})"
+        report.skip(str(path or tile.pre), f"{reason}; tile skipped")
         return [], report
     if pre.shape != post.shape:
         report.skip(

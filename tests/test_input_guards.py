@@ -494,3 +494,13 @@ def test_app_refuses_bad_uploads_with_a_clear_message(xbd_tile, tmp_path, predic
     with pytest.raises(AppError, match=words) as info:
         assess_tile(predictor, bad, xbd_tile["post"], xbd_tile["labels"], tmp_path / "session")
     assert bad.name in str(info.value)
+
+
+def test_split_file_message_names_the_file_at_fault():
+    from data_prep.imagery import split_file_message
+
+    pre, post = Path("/data/a_pre.png"), Path("/data/a_post.png")
+    assert split_file_message(f"{post}: truncated PNG", (pre, post)) == (str(post), "truncated PNG")
+    assert split_file_message("no file named", (pre, post)) == (None, "no file named")
+    # a path that merely starts like another is not taken for it
+    assert split_file_message(f"{pre}x: odd", (pre, post)) == (None, f"{pre}x: odd")
