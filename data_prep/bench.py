@@ -158,12 +158,14 @@ def bench_prepare(
             if client is not None:
                 run_tiles(_warm_up, [None] * (2 * w), client=client, progress=False)
             for _ in range(max(int(repeat), 1)):  # alternate, so both see the same conditions
-                start, cpu = time.perf_counter(), _cpu_seconds(client)
+                cpu = _cpu_seconds(client)  # asked before the clock starts (an RPC)
+                start = time.perf_counter()
                 run_tiles(_decode_tile, per_tile, workers=w, progress=False, client=client)
                 decode_s = min(decode_s, time.perf_counter() - start)
                 decode_cpu = min(decode_cpu, _cpu_seconds(client) - cpu)
                 with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
-                    start, cpu = time.perf_counter(), _cpu_seconds(client)
+                    cpu = _cpu_seconds(client)
+                    start = time.perf_counter()
                     report = prepare_xbd(
                         roots,
                         Path(tmp) / "chips",
