@@ -260,6 +260,7 @@ class Localizer:
             "tile_size": self.tile_size,
             "threshold": self.threshold,
             "min_area_px": self.min_area_px,
+            "flip_tta": bool(md.get("flip_tta", False)),
             "trained_on": md.get("trained_on"),
             "metrics": md.get("metrics"),
             "license": md.get("license"),

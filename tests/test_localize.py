@@ -243,16 +243,58 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     assert meta["training"]["data"]["crop_size"] == 64
     assert meta["metrics"]["calibration"]["fold"] == 0
     # ONNX Runtime agrees with PyTorch at another batch size and window shape
-    _, _, net = load_localize_run(run)
+    cfg, _, net = load_localize_run(run)
+    assert meta["flip_tta"] is cfg.model.flip_tta
     x = np.random.default_rng(1).integers(0, 256, (2, 64, 96, 3), dtype=np.uint8)
     with torch.no_grad():
-        ref = UInt8Localizer(net)(torch.from_numpy(x)).numpy()
+        ref = UInt8Localizer(net, cfg.model.flip_tta)(torch.from_numpy(x)).numpy()
     got = ort_session(path).run(["building"], {"image": x})[0]
     assert got.shape == (2, 64, 96) and got.dtype == np.float32
     assert np.abs(got - ref).max() < 1e-4
     result = evaluate_model(path, rect_root, 1, folds=3, split_seed=0, out=tmp_path / "m.json")
     assert 0 <= result["f1"] <= 1 and result["tiles"]
     assert json.loads((tmp_path / "m.json").read_text())["fold"] == 1
+
+
+def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_path):
+    import shutil
+
+    import onnx
+    import torch
+
+    from local_damage.export import ort_session, read_metadata
+    from local_damage.localize.export import export_localizer, load_localize_run
+    from local_damage.localize.model import UInt8Localizer
+
+    run, _ = tiny_run
+    config = (run / "config.yaml").read_text()
+    assert "flip_tta: true" in config  # the shipped recipe
+    plain_run = tmp_path / "run"
+    shutil.copytree(run, plain_run)
+    (plain_run / "config.yaml").write_text(config.replace("flip_tta: true", "flip_tta: false"))
+    models = {}
+    for name, folder in (("tta", run), ("plain", plain_run)):
+        models[name] = tmp_path / f"{name}.onnx"
+        assert export_localizer(folder, models[name], root=rect_root)["max_abs_diff_fp32"] <= 1e-4
+    assert read_metadata(onnx.load(str(models["tta"])))["flip_tta"] is True
+    assert read_metadata(onnx.load(str(models["plain"])))["flip_tta"] is False
+    _, _, net = load_localize_run(run)
+    x = np.random.default_rng(2).integers(0, 256, (1, 64, 96, 3), dtype=np.uint8)
+    plain = UInt8Localizer(net)
+    with torch.no_grad():
+        by_hand = np.mean(
+            [
+                plain(torch.from_numpy(np.ascontiguousarray(x[:, ::r, ::c]))).numpy()[:, ::r, ::c]
+                for r in (1, -1)
+                for c in (1, -1)
+            ],
+            axis=0,
+        )
+        untouched = plain(torch.from_numpy(x)).numpy()
+    got = {k: ort_session(p).run(["building"], {"image": x})[0] for k, p in models.items()}
+    assert np.abs(got["tta"] - by_hand).max() < 1e-4
+    assert np.abs(got["plain"] - untouched).max() < 1e-4
+    assert np.abs(got["tta"] - got["plain"]).max() > 1e-4  # the flips change the output
 
 
 @pytest.mark.parametrize("method", ["static", "dynamic"])

@@ -21,11 +21,15 @@ class UnetConfig:
         encoder_weights: None for random initialisation, or the path of a local weights file
             (``.pth``/``.safetensors``; see :mod:`local_damage.models.encoders`).
         decoder_channels: channels of the five decoder blocks, deepest first.
+        flip_tta: at inference (validation, the threshold search and the exported graph),
+            average the building probability over the window and its horizontal, vertical and
+            double flips: four passes of the network per window for a steadier mask.
     """
 
     encoder: str = "resnet18"
     encoder_weights: str | None = None
     decoder_channels: list[int] = field(default_factory=lambda: [128, 64, 32, 16, 16])
+    flip_tta: bool = False
 
     def __post_init__(self) -> None:
         if len(self.decoder_channels) != 5:

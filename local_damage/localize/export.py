@@ -3,7 +3,7 @@
 The graph (:class:`~local_damage.localize.model.UInt8Localizer`) takes ``image`` uint8
 ``[N, H, W, 3]`` (N, H and W dynamic; H and W multiples of 32) and returns ``building`` float32
 ``[N, H, W]``, the building probability (normalisation and sigmoid are inside). Metadata props,
-each value JSON text: ``format_version`` (1), ``task`` (``"localize"``), ``tile_size``,
+each value JSON text: ``format_version`` (1), ``task`` (``"localize"``), ``tile_size``, ``flip_tta``,
 ``scale``, ``threshold``, ``min_area_px``, ``trained_on``, ``license``, ``training`` (the
 resolved config), ``metrics`` (held-out and validation pixel figures, tiles and folds),
 ``training_data``, ``precision``, ``parity``, ``created_by`` and ``created``.
@@ -80,14 +80,17 @@ def load_localize_run(run: str | os.PathLike):
     return cfg, summary, net.eval()
 
 
-def export_graph(net, path: str | os.PathLike, metadata: dict[str, Any], opset: int) -> Path:
-    """Write the fp32 uint8-in / probability-out graph of a U-Net with ``metadata`` props."""
+def export_graph(
+    net, path: str | os.PathLike, metadata: dict[str, Any], opset: int, flip_tta: bool = False
+) -> Path:
+    """Write the fp32 uint8-in / probability-out graph of a U-Net with ``metadata`` props (with
+    ``flip_tta``, the average over flips is part of the graph)."""
     import onnx
     import torch
 
     from local_damage.localize.model import UInt8Localizer
 
-    wrapper = UInt8Localizer(net.cpu().eval()).eval()
+    wrapper = UInt8Localizer(net.cpu().eval(), flip_tta).eval()
     dummy = torch.randint(
         0, 256, (1, 128, 160, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
@@ -226,6 +229,7 @@ def export_localizer(
         "scale": scale,
         "threshold": float(op["threshold"]),
         "min_area_px": int(op["min_area_px"]),
+        "flip_tta": bool(cfg.model.flip_tta),
         "trained_on": trained_on,
         "license": XBD_SPDX if xbd else None,
         "training": to_dict(cfg),
@@ -253,10 +257,10 @@ def export_localizer(
     }
 
     out = Path(out)
-    run_torch = torch_model(net)
+    run_torch = torch_model(net, cfg.model.flip_tta)
     with tempfile.TemporaryDirectory(prefix="localize-export-") as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
-        export_graph(net, fp32, metadata, opset)
+        export_graph(net, fp32, metadata, opset, cfg.model.flip_tta)
         session = ort_session(fp32)
         diffs = []
         for x in (window, small):

@@ -49,22 +49,42 @@ def build_unet(cfg: UnetConfig) -> nn.Module:
     return net
 
 
+#: The flips averaged by ``flip_tta``: none, width, height, both (dims of ``[N, C, H, W]``).
+FLIPS: tuple[tuple[int, ...], ...] = ((), (3,), (2,), (2, 3))
+
+
+def building_probability(net: nn.Module, x: torch.Tensor, flip_tta: bool = False) -> torch.Tensor:
+    """Sigmoid of the net's logits ``[N, H, W]`` for normalised ``x`` ``[N, 3, H, W]``; with
+    ``flip_tta`` the mean over :data:`FLIPS` of the flipped input, flipped back (the flips go
+    through the net as one batch, so each weight appears once in an exported graph)."""
+    if not flip_tta:
+        return torch.sigmoid(net(x)).squeeze(1)
+    n = x.shape[0]
+    batch = torch.cat([torch.flip(x, dims) if dims else x for dims in FLIPS], dim=0)
+    p = torch.sigmoid(net(batch))
+    parts = [p[i * n : (i + 1) * n] for i in range(len(FLIPS))]
+    back = [torch.flip(q, dims) if dims else q for q, dims in zip(parts, FLIPS, strict=True)]
+    return (torch.stack(back, dim=0).mean(dim=0)).squeeze(1)
+
+
 class UInt8Localizer(nn.Module):
     """uint8 RGB ``[N, H, W, 3]`` in, building probability ``[N, H, W]`` float32 out.
 
-    Normalisation (:data:`local_damage.data.MEAN` / ``STD``) and the sigmoid are inside, so the
+    Normalisation (:data:`local_damage.data.MEAN` / ``STD``), the sigmoid and, with
+    ``flip_tta``, the average over flips (:func:`building_probability`) are inside, so the
     exported graph takes plain pixels; H and W must be multiples of 32.
     """
 
-    def __init__(self, net: nn.Module) -> None:
+    def __init__(self, net: nn.Module, flip_tta: bool = False) -> None:
         super().__init__()
         self.net = net
+        self.flip_tta = bool(flip_tta)
         self.register_buffer("mean", torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1))
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         x = (image.permute(0, 3, 1, 2).float() - self.mean) / self.std
-        return torch.sigmoid(self.net(x)).squeeze(1)
+        return building_probability(self.net, x, self.flip_tta)
 
 
 def normalize(image: torch.Tensor) -> torch.Tensor:

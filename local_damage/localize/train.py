@@ -33,7 +33,7 @@ from local_damage.localize.evaluate import (
     predict_probability,
     scores,
 )
-from local_damage.localize.model import build_unet, normalize
+from local_damage.localize.model import build_unet, building_probability, normalize
 from local_damage.train.checkpoint import save_weights
 from local_damage.train.loop import build_optimizer, seed_everything
 
@@ -57,13 +57,14 @@ def bce_dice_loss(
     return bce_weight * bce + dice_weight * (1 - dice)
 
 
-def torch_model(net: torch.nn.Module):
-    """A :data:`~local_damage.localize.evaluate.Model` function over a PyTorch U-Net (eval mode)."""
+def torch_model(net: torch.nn.Module, flip_tta: bool = False):
+    """A :data:`~local_damage.localize.evaluate.Model` function over a PyTorch U-Net (eval mode),
+    averaging over flips with ``flip_tta`` (as the exported graph does)."""
 
     @torch.no_grad()
     def run(batch: np.ndarray) -> np.ndarray:
         net.eval()
-        return torch.sigmoid(net(normalize(torch.from_numpy(batch)))).squeeze(1).numpy()
+        return building_probability(net, normalize(torch.from_numpy(batch)), flip_tta).numpy()
 
     return run
 
@@ -154,7 +155,7 @@ def train_localizer(
         csv.DictWriter(fh, fields).writeheader()
 
     def validate() -> tuple[list[np.ndarray], dict[str, float]]:
-        run = torch_model(net)
+        run = torch_model(net, cfg.model.flip_tta)
         probs = [predict_probability(run, image, scale, tile_size) for image, _ in val_pairs]
         counts = np.zeros(3, np.int64)
         for prob, (_, mask) in zip(probs, val_pairs, strict=True):
