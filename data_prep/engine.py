@@ -140,6 +140,7 @@ def map_jobs(
     unit: str = "job",
     costs: Sequence[float] | None = None,
     on_result: Callable[[int, Any], None] | None = None,
+    tasks: int | None = None,
 ) -> list[Any]:
     """``[func(item) for item in items]``, on ``client``'s cluster when one is given.
 
@@ -154,6 +155,11 @@ def map_jobs(
         costs: expected work per job; the costliest are submitted first, so that no large job is
             left running alone at the end.
         on_result: called with ``(index, result)`` as each job finishes (in completion order).
+        tasks: run the jobs as this many cluster tasks (:func:`group_jobs`, balanced by
+            ``costs``; see :func:`task_count`) instead of one task per job: each task costs the
+            scheduler and the client a few milliseconds, a large share of a small job's time on
+            a machine with few cores. A worker lost mid-group reruns the whole group elsewhere
+            (the jobs are idempotent).
 
     Returns:
         The results in input order; a job that raised (or lost its worker too often) gives a
@@ -190,25 +196,92 @@ def map_jobs(
             return results
         from distributed import as_completed
 
-        order = list(range(len(items)))
-        if costs is not None:
-            order.sort(key=lambda i: -costs[i])
         token = uuid.uuid4().hex[:8]  # keys unique to this call: a cluster caches by key
         futures = {}
-        for rank, i in enumerate(order):
-            key = f"{desc}-{keys[i] if keys is not None else i}-{token}"
-            future = client.submit(func, items[i], key=key, pure=False, priority=-rank)
-            futures[future] = i
+        grouped = tasks is not None and tasks < len(items)
+        if grouped:
+            for rank, members in enumerate(group_jobs(len(items), tasks, costs)):
+                first = keys[members[0]] if keys is not None else members[0]
+                key = f"{desc}-{first}+{len(members) - 1}-{token}"
+                args = [items[i] for i in members]
+                future = client.submit(_run_group, func, args, key=key, pure=False, priority=-rank)
+                futures[future] = members
+        else:
+            order = list(range(len(items)))
+            if costs is not None:
+                order.sort(key=lambda i: -costs[i])
+            for rank, i in enumerate(order):
+                key = f"{desc}-{keys[i] if keys is not None else i}-{token}"
+                future = client.submit(func, items[i], key=key, pure=False, priority=-rank)
+                futures[future] = [i]
         for future in as_completed(futures):
+            members = futures[future]
             try:
                 result = future.result()
+                outcome = result if grouped else [result]
             except Exception as exc:
-                result = JobFailed.of(exc)
-            done(futures[future], result)
+                outcome = [JobFailed.of(exc)] * len(members)
+            for i, r in zip(members, outcome, strict=True):
+                done(i, r)
             future.release()
         return results
     finally:
         bar.close()
+
+
+def group_jobs(count: int, n_groups: int, costs: Sequence[float] | None = None) -> list[list[int]]:
+    """Indices ``0..count-1`` in ``n_groups`` groups (at most ``count``) of equal size give or
+    take one, costliest groups first.
+
+    With ``costs``, the jobs go costliest first into the group with the least cost so far
+    (longest-processing-time first), so that the groups carry similar work; without, in
+    consecutive runs.
+    """
+    if count <= 0:
+        return []
+    n_groups = min(max(int(n_groups), 1), count)
+    size = -(-count // n_groups)
+    if costs is None:
+        bounds = [round(k * count / n_groups) for k in range(n_groups + 1)]
+        return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+    import heapq
+
+    order = sorted(range(count), key=lambda i: -costs[i])
+    heap = [(0.0, g) for g in range(n_groups)]
+    groups: list[list[int]] = [[] for _ in range(n_groups)]
+    for i in order:
+        load, g = heapq.heappop(heap)
+        groups[g].append(i)
+        if len(groups[g]) < size:  # a full group takes no more jobs
+            heapq.heappush(heap, (load + float(costs[i]), g))
+    groups = [sorted(g) for g in groups if g]
+    groups.sort(key=lambda g: -sum(costs[i] for i in g))
+    return groups
+
+
+#: Cluster tasks per worker when small jobs are grouped (:func:`task_count`).
+TASKS_PER_WORKER = 4
+#: Most jobs in one grouped task (a lost worker reruns at most this many).
+MAX_GROUP = 16
+
+
+def task_count(client: Any, jobs: int) -> int:
+    """How many cluster tasks to run ``jobs`` small jobs as: :data:`TASKS_PER_WORKER` per worker
+    of ``client``'s cluster, more when that would put over :data:`MAX_GROUP` jobs in a task."""
+    workers = max(len(client.scheduler_info().get("workers", {})), 1)
+    return min(jobs, max(workers * TASKS_PER_WORKER, -(-jobs // MAX_GROUP)))
+
+
+def _run_group(func: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    """``[func(item) ...]`` with a :class:`JobFailed` for each item that raised (one Dask task
+    running several jobs: a bad job does not fail the others of its group)."""
+    results = []
+    for item in items:
+        try:
+            results.append(func(item))
+        except Exception as exc:
+            results.append(JobFailed.of(exc))
+    return results
 
 
 def describe(client: Any) -> str:

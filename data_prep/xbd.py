@@ -512,8 +512,9 @@ def run_tiles(
     scheduler: str | None = None,
     client=None,
 ) -> list:
-    """Apply ``func`` to each argument, one job per tile (:mod:`data_prep.engine`); results in
-    input order.
+    """Apply ``func`` to each argument, one job per tile (:mod:`data_prep.engine`; on a cluster
+    the tiles go in groups of similar cost, :func:`data_prep.engine.task_count` tasks); results
+    in input order.
 
     Args:
         func: a picklable function of one argument, that records its own problems rather than
@@ -530,18 +531,19 @@ def run_tiles(
         scheduler: address of an existing Dask scheduler (else ``$DASK_SCHEDULER_ADDRESS``).
         client: a ``distributed.Client`` to use as it is (e.g. kept open across runs).
     """
-    from data_prep.engine import default_workers, map_jobs, open_client
+    from data_prep.engine import default_workers, map_jobs, open_client, task_count
 
     args = list(args)
     options = dict(progress=progress, desc=desc, unit="tile", costs=costs)
     if client is not None:
-        return map_jobs(func, args, client=client, **options)
+        return map_jobs(func, args, client=client, tasks=task_count(client, len(args)), **options)
     if workers is None:
         workers = default_workers()
     workers = max(min(int(workers), len(args)), 1)  # no idle workers to start
     with open_client(workers, scheduler) as cluster:
         if cluster is not None:
-            return map_jobs(func, args, client=cluster, **options)
+            tasks = task_count(cluster, len(args))
+            return map_jobs(func, args, client=cluster, tasks=tasks, **options)
         import cv2
 
         threads = cv2.getNumThreads()
