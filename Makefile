@@ -79,7 +79,7 @@ default-model-heldout: default-chips
 ## held-out figures first (trained without the test and calibration folds, threshold and smallest
 ## blob chosen on the calibration fold, exported int8 and scored on the test fold), then the shipped
 ## model, trained on every fold but the calibration fold and exported int8 with those figures.
-## About 25 minutes on 2 CPU cores.
+## About 75 minutes on 2 CPU cores.
 localizer: install
 	$(BIN)/local-damage localize train --config configs/localize.yaml --root $(XBD) \
 		--split-seed $(HOLDOUT_SEED) --holdout $(HOLDOUT_FOLD) --fold $(CALIB_FOLD) \
