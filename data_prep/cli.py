@@ -101,7 +101,7 @@ def _finish(report, strict: bool) -> int:
 
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
     from data_prep.engine import EngineError
-    from data_prep.xbd import XbdRootError, prepare_xbd
+    from data_prep.xbd import ResumeError, XbdRootError, prepare_xbd
 
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:
@@ -115,8 +115,9 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
             include_unclassified=args.include_unclassified,
             max_pixels=max_pixels,
             scheduler=args.scheduler,
+            resume=args.resume,
         )
-    except (XbdRootError, EngineError) as exc:
+    except (XbdRootError, EngineError, ResumeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return _finish(report, args.strict)
@@ -143,22 +144,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
 
 
 def _run_prepare_scene(args: argparse.Namespace) -> int:
+    from data_prep.engine import EngineError
     from data_prep.scene import prepare_scene
 
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:
         return 2
-    report = prepare_scene(
-        args.pre,
-        args.post,
-        args.buildings,
-        args.out,
-        spec=_spec(args),
-        label_field=args.label_field,
-        event=args.event,
-        max_pixels=max_pixels,
-        align=args.align,
-    )
+    try:
+        report = prepare_scene(
+            args.pre,
+            args.post,
+            args.buildings,
+            args.out,
+            spec=_spec(args),
+            label_field=args.label_field,
+            event=args.event,
+            max_pixels=max_pixels,
+            align=args.align,
+            workers=args.workers,
+            scheduler=args.scheduler,
+        )
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return _finish(report, args.strict)
 
 
@@ -218,6 +226,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="keep un-classified buildings as unlabelled chips",
     )
+    xbd.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run into the same --out: tiles it finished (shards and "
+        "shards/<tile>.rows.json present, inputs unchanged) are not cut again; refused when the "
+        "store was prepared with other options",
+    )
     max_pixels_argument(xbd)
     xbd.set_defaults(func=_run_prepare_xbd)
 
@@ -250,6 +265,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     scene.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     _spec_arguments(scene)
+    add_engine_arguments(scene, "part of the scene")
     max_pixels_argument(scene)
     align_argument(scene)
     scene.set_defaults(func=_run_prepare_scene)

@@ -33,6 +33,8 @@ class PrepareReport:
     #: A scene's post-to-pre shift (:meth:`data_prep.alignment.SceneShift.to_dict`) and its line.
     alignment: dict | None = None
     alignment_text: str = ""
+    #: Tiles read back from an earlier run (``prepare xbd --resume``); not part of :meth:`to_dict`.
+    reused: int = 0
 
     def add_chip(self, event: str, label: int) -> None:
         self.chips += 1
@@ -68,8 +70,25 @@ class PrepareReport:
             out["alignment"] = self.alignment
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict) -> PrepareReport:
+        """The report :meth:`to_dict` gave."""
+        report = cls(
+            chips=int(data["chips"]),
+            per_class=Counter({k: v for k, v in data.get("per_class", {}).items() if v}),
+            per_event=Counter(data.get("per_event", {})),
+            unlabelled=int(data.get("unlabelled", 0)),
+            excluded_unclassified=int(data.get("excluded_unclassified", 0)),
+            not_covered=int(data.get("not_covered", 0)),
+            skipped=[Skipped(s["item"], s["reason"]) for s in data.get("skipped", [])],
+        )
+        report.alignment = data.get("alignment")
+        return report
+
     def summary(self) -> str:
         lines = [f"chips written: {self.chips}"]
+        if self.reused:
+            lines.append(f"tiles taken from the earlier run (--resume): {self.reused}")
         lines.append(
             "per class: "
             + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in CLASS_NAMES)

@@ -15,9 +15,14 @@ or constant-fill raster, :func:`data_prep.quality.is_blank`) is skipped with the
 :func:`data_prep.windows.chip_window` in pre-grid pixels, zero fill beyond the imagery, resampled
 with :func:`data_prep.windows.resize_chip`.
 
-Store layout: ``tile`` and ``event`` of every row are the scene name; shards hold at most
-``shard_size`` chips each and are named ``<scene>-000_pre.npy``, ``<scene>-001_pre.npy``, ...
-The manifest lists buildings in the footprint file's order.
+The read blocks, in row-major order, are joined into parts of about ``part_size`` buildings
+(:func:`plan_parts`, independent of the number of workers), and each part is one job on
+:mod:`data_prep.engine`: in this process, on an embedded Dask cluster or on an existing one.
+
+Store layout: ``tile`` and ``event`` of every row are the scene name; each part writes its own
+shards of at most ``shard_size`` chips, named ``<scene>-p<part>-<n>``: ``<scene>-p0000-000_pre.npy``,
+``<scene>-p0000-001_pre.npy``, ``<scene>-p0001-000_pre.npy``, ... The manifest lists buildings in
+the footprint file's order.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.alignment import AUTO, align_scene
+from data_prep.engine import JobFailed
 from data_prep.footprints import Footprints, load_footprints
 from data_prep.mosaic import Scene, SceneError, open_scene
 from data_prep.quality import blank_reason, pixel_limit_problem
-from data_prep.report import PrepareReport
+from data_prep.report import PrepareReport, Skipped
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import start_store, write_manifest, write_shard
 from data_prep.windows import ChipWindow, chip_window, crop_boundless, resize_chip
@@ -43,6 +49,8 @@ from data_prep.windows import ChipWindow, chip_window, crop_boundless, resize_ch
 BLOCK_SIZE = 1024
 #: Default number of chips per shard file.
 SHARD_SIZE = 1024
+#: Default number of buildings per `prepare scene` job (whole read blocks; see plan_parts).
+PART_SIZE = 4096
 #: Chip windows larger than this many pixels are refused (a footprint that large is not a building).
 MAX_WINDOW = 4096
 
@@ -81,32 +89,81 @@ class BuildingChip:
     post: np.ndarray | None = None
 
 
-def iter_building_chips(
-    scene: Scene,
-    footprints: Footprints,
-    spec: ChipSpec,
-    *,
-    block_size: int = BLOCK_SIZE,
-    progress: bool = True,
-) -> Iterator[BuildingChip]:
-    """Cut the chip pair of every building, reading the scene one block of buildings at a time.
+@dataclass
+class SceneBuildings:
+    """What cutting needs of some buildings of a scene: all of them, or one part's.
 
-    Buildings outside the pre/post coverage are yielded first (no read needed), then the others
-    block by block (row-major over ``block_size`` squares of the grid).
+    Entry ``k`` of every list describes building ``index[k]`` of the footprint file's buildings.
+    Small and picklable, so that one part's buildings travel to the worker that cuts them.
+    """
 
-    Args:
-        scene: an open scene.
-        footprints: buildings in the scene's grid CRS (:func:`load_footprints` with
-            ``scene.grid.crs``).
-        spec: the chip specification.
-        block_size: side in grid pixels of the squares whose buildings share one read.
-        progress: show a tqdm progress bar over buildings (on a terminal).
+    index: list[int]
+    uid: list[str]
+    label: list[int]
+    pixels: np.ndarray  # [n] footprints in grid pixels (shapely)
+    bounds: np.ndarray  # [n, 4] their bounds
+    windows: list[ChipWindow]
+    lonlat: np.ndarray  # [n, 2] centroids in degrees
 
-    Yields:
-        One :class:`BuildingChip` per building.
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def chip(self, k: int, status: str, reason: str = "", pre=None, post=None) -> BuildingChip:
+        return BuildingChip(
+            index=self.index[k],
+            uid=self.uid[k],
+            label=int(self.label[k]),
+            status=status,
+            reason=reason,
+            bbox=tuple(float(v) for v in self.bounds[k]),
+            window=self.windows[k],
+            lon=float(self.lonlat[k, 0]),
+            lat=float(self.lonlat[k, 1]),
+            pre=pre,
+            post=post,
+        )
+
+    def take(self, ks: Sequence[int]) -> SceneBuildings:
+        """The buildings at positions ``ks``, in that order."""
+        ks = list(ks)
+        return SceneBuildings(
+            index=[self.index[k] for k in ks],
+            uid=[self.uid[k] for k in ks],
+            label=[int(self.label[k]) for k in ks],
+            pixels=self.pixels[ks] if ks else np.zeros(0, dtype=object),
+            bounds=self.bounds[ks] if ks else np.zeros((0, 4)),
+            windows=[self.windows[k] for k in ks],
+            lonlat=self.lonlat[ks] if ks else np.zeros((0, 2)),
+        )
+
+
+@dataclass
+class ReadPlan:
+    """How the buildings of a scene are cut (:func:`plan_reads`).
+
+    Attributes:
+        buildings: every building, position ``k`` = building ``k`` of the footprints.
+        early: ``(k, status, reason)`` of the buildings settled without a read (not covered, or
+            a window too large), in footprint order.
+        groups: positions of the buildings that share one read, one list per read, in the order
+            of the reads (row-major over the blocks of the grid).
+    """
+
+    buildings: SceneBuildings
+    early: list[tuple[int, str, str]]
+    groups: list[list[int]]
+
+
+def plan_reads(
+    scene: Scene, footprints: Footprints, spec: ChipSpec, block_size: int = BLOCK_SIZE
+) -> ReadPlan:
+    """Sort the buildings of a scene into reads: the buildings whose centroid falls in one
+    ``block_size`` square of the grid share one read (a building with a window larger than half
+    a block, and each building of a block whose read would exceed the pixel limit, is read on its
+    own); buildings outside the pre/post coverage, or with a window over :data:`MAX_WINDOW`,
+    need no read.
     """
     import shapely
-    from tqdm import tqdm
 
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -119,77 +176,116 @@ def iter_building_chips(
         (shapely.get_x(centroids), shapely.get_y(centroids)) if n else (np.zeros(0), np.zeros(0))
     )
     lonlat = footprints.lonlat()
-    # Tolerance of half a pixel: the pixel test below decides at the edges.
+    # Tolerance of half a pixel: the pixel test in the reads decides at the edges.
     coverage = scene.coverage.buffer(0.5 * grid.res)
     shapely.prepare(coverage)
     inside = shapely.contains(coverage, footprints.geometries) if n else np.zeros(0, dtype=bool)
-
-    def building(i: int, status: str, reason: str = "", pre=None, post=None) -> BuildingChip:
-        return BuildingChip(
-            index=i,
-            uid=footprints.uids[i],
-            label=int(footprints.labels[i]),
-            status=status,
-            reason=reason,
-            bbox=tuple(float(v) for v in bounds[i]),
-            window=windows[i],
-            lon=float(lonlat[i, 0]),
-            lat=float(lonlat[i, 1]),
-            pre=pre,
-            post=post,
-        )
-
     windows = [chip_window((cx[i], cy[i]), tuple(bounds[i]), spec) for i in range(n)]
+    buildings = SceneBuildings(
+        index=list(range(n)),
+        uid=list(footprints.uids),
+        label=[int(v) for v in footprints.labels],
+        pixels=np.asarray(pixels, dtype=object),
+        bounds=np.asarray(bounds, dtype=float).reshape(-1, 4),
+        windows=windows,
+        lonlat=np.asarray(lonlat, dtype=float).reshape(-1, 2),
+    )
+    early: list[tuple[int, str, str]] = []
     blocks: dict[tuple[int, int, int], list[int]] = {}
-    with tqdm(total=n, desc="buildings", unit="bldg", disable=None if progress else True) as bar:
-        for i in range(n):
-            if not inside[i]:
-                bar.update(1)
-                yield building(i, NOT_COVERED)
-                continue
-            size = windows[i].size
-            if size > MAX_WINDOW:
-                bar.update(1)
-                yield building(
+    for i in range(n):
+        if not inside[i]:
+            early.append((i, NOT_COVERED, ""))
+            continue
+        size = windows[i].size
+        if size > MAX_WINDOW:
+            early.append(
+                (
                     i,
                     SKIPPED,
                     f"chip window of {size} px exceeds {MAX_WINDOW} px; is this footprint a building?",
                 )
-                continue
-            key_r, key_c = int(cy[i] // block_size), int(cx[i] // block_size)
-            blocks.setdefault((key_r, key_c, i if size > block_size // 2 else -1), []).append(i)
+            )
+            continue
+        key_r, key_c = int(cy[i] // block_size), int(cx[i] // block_size)
+        blocks.setdefault((key_r, key_c, i if size > block_size // 2 else -1), []).append(i)
 
-        groups: list[list[int]] = []
-        for key in sorted(blocks):
-            members = blocks[key]
-            if len(members) > 1 and _block_too_large(members, windows, bounds, scene.max_pixels):
-                groups.extend([i] for i in members)  # read each building on its own
-            else:
-                groups.append(members)
-        for members in groups:
-            c0, r0, c1, r1 = _block_extent(members, windows, bounds)
-            problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
-            if problem:
-                for i in members:
-                    bar.update(1)
-                    yield building(i, SKIPPED, problem)
+    groups: list[list[int]] = []
+    for key in sorted(blocks):
+        members = blocks[key]
+        if len(members) > 1 and _block_too_large(members, windows, bounds, scene.max_pixels):
+            groups.extend([i] for i in members)  # read each building on its own
+        else:
+            groups.append(members)
+    return ReadPlan(buildings=buildings, early=early, groups=groups)
+
+
+def cut_reads(
+    scene: Scene, buildings: SceneBuildings, groups: Sequence[Sequence[int]], spec: ChipSpec
+) -> Iterator[BuildingChip]:
+    """Read each group of ``buildings`` (positions into it) from ``scene`` once and yield one
+    :class:`BuildingChip` per building, group after group."""
+    windows, bounds = buildings.windows, buildings.bounds
+    for members in groups:
+        c0, r0, c1, r1 = _block_extent(members, windows, bounds)
+        problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
+        if problem:
+            for k in members:
+                yield buildings.chip(k, SKIPPED, problem)
+            continue
+        pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
+        both = pre_valid & post_valid
+        for k in members:
+            if not footprint_valid(buildings.pixels[k], both, c0, r0):
+                yield buildings.chip(k, NOT_COVERED)
                 continue
-            pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
-            both = pre_valid & post_valid
-            for i in members:
-                bar.update(1)
-                if not footprint_valid(pixels[i], both, c0, r0):
-                    yield building(i, NOT_COVERED)
-                    continue
-                w = windows[i]
-                local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
-                pre = resize_chip(crop_boundless(pre_rgb, local), spec.chip_size)
-                post = resize_chip(crop_boundless(post_rgb, local), spec.chip_size)
-                blank = blank_reason(pre, post)
-                if blank:
-                    yield building(i, SKIPPED, blank)
-                    continue
-                yield building(i, CHIP, pre=pre, post=post)
+            w = windows[k]
+            local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
+            pre = resize_chip(crop_boundless(pre_rgb, local), spec.chip_size)
+            post = resize_chip(crop_boundless(post_rgb, local), spec.chip_size)
+            blank = blank_reason(pre, post)
+            if blank:
+                yield buildings.chip(k, SKIPPED, blank)
+                continue
+            yield buildings.chip(k, CHIP, pre=pre, post=post)
+
+
+def iter_building_chips(
+    scene: Scene,
+    footprints: Footprints,
+    spec: ChipSpec,
+    *,
+    block_size: int = BLOCK_SIZE,
+    progress: bool = True,
+) -> Iterator[BuildingChip]:
+    """Cut the chip pair of every building, reading the scene one block of buildings at a time.
+
+    Buildings outside the pre/post coverage are yielded first (no read needed), then the others
+    block by block (row-major over ``block_size`` squares of the grid; :func:`plan_reads`).
+
+    Args:
+        scene: an open scene.
+        footprints: buildings in the scene's grid CRS (:func:`load_footprints` with
+            ``scene.grid.crs``).
+        spec: the chip specification.
+        block_size: side in grid pixels of the squares whose buildings share one read.
+        progress: show a tqdm progress bar over buildings (on a terminal).
+
+    Yields:
+        One :class:`BuildingChip` per building.
+    """
+    from tqdm import tqdm
+
+    plan = plan_reads(scene, footprints, spec, block_size)
+    buildings = plan.buildings
+    with tqdm(
+        total=len(buildings), desc="buildings", unit="bldg", disable=None if progress else True
+    ) as bar:
+        for k, status, reason in plan.early:
+            bar.update(1)
+            yield buildings.chip(k, status, reason)
+        for b in cut_reads(scene, buildings, plan.groups, spec):
+            bar.update(1)
+            yield b
 
 
 def _block_extent(members, windows, bounds) -> tuple[int, int, int, int]:
@@ -310,6 +406,148 @@ class _ShardWriter:
         self.pre, self.post, self.pending = [], [], []
 
 
+def plan_parts(groups: Sequence[Sequence[int]], part_size: int = PART_SIZE) -> list[list[int]]:
+    """Consecutive read groups joined into parts of at least ``part_size`` buildings (the last
+    may hold fewer; a group is never split); each part is one job. The parts depend only on the
+    groups and ``part_size``, never on the number of workers, so the shards are the same
+    wherever the jobs run.
+
+    Returns:
+        For each part, the indices of its groups in ``groups``.
+    """
+    if part_size < 1:
+        raise ValueError(f"part_size must be positive, got {part_size}")
+    parts: list[list[int]] = []
+    current: list[int] = []
+    count = 0
+    for g, members in enumerate(groups):
+        current.append(g)
+        count += len(members)
+        if count >= part_size:
+            parts.append(current)
+            current, count = [], 0
+    if current:
+        parts.append(current)
+    return parts
+
+
+@dataclass
+class PartJob:
+    """One job of `prepare scene`: cut the buildings of one part into its own shards.
+
+    Attributes:
+        pre, post: the scene's tiles (absolute paths; the job opens the scene itself).
+        max_pixels: the pixel limit.
+        offset: the post mosaic's ``(dx, dy)`` correction measured once by the command.
+        dropped: tiles (absolute paths) whose reads failed in the command; left out here too.
+        spec: the chip specification.
+        name: the scene name.
+        footprints: the footprint file, for the report.
+        out: the chip store (absolute path).
+        part: the part's number; its shards are ``<scene>-p<part>-<n>_{pre,post}.npy``.
+        shard_size: most chips per shard file.
+        buildings: the part's buildings.
+        groups: positions in ``buildings`` of the buildings sharing each read.
+    """
+
+    pre: list[str]
+    post: list[str]
+    max_pixels: int | None
+    offset: tuple[float, float]
+    dropped: list[str]
+    spec: ChipSpec
+    name: str
+    footprints: str
+    out: str
+    part: int
+    shard_size: int
+    buildings: SceneBuildings
+    groups: list[list[int]]
+
+    @property
+    def shard_name(self) -> str:
+        return f"{self.name}-p{self.part:04d}"
+
+
+def cut_part(job: PartJob) -> tuple[list[tuple[int, dict]], PrepareReport, list[Skipped]]:
+    """Cut the buildings of one part (a job: see :class:`PartJob`); its shards are written
+    atomically under deterministic names, so that a job run again writes the same files.
+
+    Returns:
+        ``(rows, report, dropped)``: ``(building index, manifest row)`` of every chip, the part's
+        report (chips, buildings not covered or skipped), and tiles dropped after a read failure.
+    """
+    import cv2
+
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)  # parts are the unit of parallelism
+    report = PrepareReport()
+    rows: list[tuple[int, dict]] = []
+    try:
+        with open_scene(job.pre, job.post, job.max_pixels) as scene:
+            if job.offset != (0.0, 0.0):
+                scene.post.set_offset(*job.offset)
+            for mosaic in (scene.pre, scene.post):
+                for tile in [t for t in mosaic.tiles if t.path in job.dropped]:
+                    mosaic.tiles.remove(tile)
+                    tile.close()
+            writer = _ShardWriter(Path(job.out), job.shard_name, job.shard_size)
+            for b in cut_reads(scene, job.buildings, job.groups, job.spec):
+                if b.status == NOT_COVERED:
+                    report.not_covered += 1
+                elif b.status == SKIPPED:
+                    report.skip(f"{job.footprints} feature {b.uid}", b.reason)
+                else:
+                    row = _manifest_row(job.name, b)
+                    writer.add(row, b.pre, b.post)
+                    rows.append((b.index, row))
+                    report.add_chip(job.name, b.label)
+            writer.flush()
+            dropped = [*scene.pre.skipped, *scene.post.skipped]
+    finally:
+        cv2.setNumThreads(threads)
+    return rows, report, dropped
+
+
+def _run_parts(jobs: list[PartJob], workers, scheduler, client, progress: bool) -> list:
+    """``[cut_part(job) ...]`` through :mod:`data_prep.engine`, costliest parts first."""
+    from data_prep.engine import default_workers, map_jobs, open_client
+
+    options = dict(
+        keys=[job.shard_name for job in jobs],
+        costs=[len(job.buildings) for job in jobs],
+        progress=None if progress else False,
+        desc="prepare scene",
+        unit="part",
+    )
+    if client is not None:
+        return map_jobs(cut_part, jobs, client=client, **options)
+    workers = default_workers() if workers is None else int(workers)
+    workers = max(min(workers, len(jobs)), 1)  # no idle workers to start
+    with open_client(workers, scheduler) as cluster:
+        return map_jobs(cut_part, jobs, client=cluster, **options)
+
+
+def _manifest_row(name: str, b: BuildingChip) -> dict:
+    return {
+        "chip_id": f"{name}:{b.uid}",
+        "event": name,
+        "tile": name,
+        "uid": b.uid,
+        "label": b.label,
+        "label_name": CLASS_NAMES[b.label] if b.label >= 0 else "",
+        "bbox_minx": round(b.bbox[0], 3),
+        "bbox_miny": round(b.bbox[1], 3),
+        "bbox_maxx": round(b.bbox[2], 3),
+        "bbox_maxy": round(b.bbox[3], 3),
+        "win_col": b.window.col_off,
+        "win_row": b.window.row_off,
+        "win_size": b.window.size,
+        "lon": round(b.lon, 7),
+        "lat": round(b.lat, 7),
+    }
+
+
 def prepare_scene(
     pre_paths: Sequence[str | os.PathLike],
     post_paths: Sequence[str | os.PathLike],
@@ -324,8 +562,19 @@ def prepare_scene(
     progress: bool = True,
     max_pixels: int | None = None,
     align: str = AUTO,
+    part_size: int = PART_SIZE,
+    workers: int | None = 1,
+    scheduler: str | None = None,
+    client=None,
 ) -> PrepareReport:
     """Cut the chip pairs of every building of a scene into the chip store ``out``.
+
+    The command opens the scene, measures the alignment and plans the reads; the buildings are
+    then cut in parts of about ``part_size`` buildings (:func:`plan_parts`), one job per part
+    (:mod:`data_prep.engine`): each job opens the scene itself, cuts its part and writes its own
+    shards, and only its manifest rows and report come back. The parts do not depend on where
+    the jobs run, so the store is the same byte for byte with one process, an embedded cluster
+    or an existing one. A part whose job fails is listed in the report; the others are written.
 
     Unusable tiles and buildings are skipped and listed in the report. A problem that leaves
     nothing to do (no usable pre or post tile, an unreadable or empty footprint file, an unknown
@@ -343,19 +592,31 @@ def prepare_scene(
         event: event and scene name for the manifest (default: the footprint file's stem).
         block_size: side in grid pixels of the squares whose buildings share one read.
         shard_size: most chips per shard file.
-        progress: show a progress bar over buildings.
+        progress: show a progress bar over the parts (on a terminal).
         max_pixels: pixel limit per internal block and per read window (default
             :func:`data_prep.quality.max_pixels`); a large tile read in windows is not refused.
         align: ``auto``: measure the post-to-pre shift and correct it before chips are cut when
             it is confident and longer than a pixel (:func:`data_prep.alignment.align_scene`);
             ``off``: use the post imagery as georeferenced. Recorded in the report and store.json.
+        part_size: buildings per job (whole read blocks are kept together).
+        workers: worker processes of the embedded Dask cluster (None: one per core; never more
+            than there are parts); 1 runs in this process.
+        scheduler: address of an existing Dask scheduler whose workers see the inputs and
+            ``out`` at the same paths (else ``$DASK_SCHEDULER_ADDRESS``; else embedded).
+        client: a ``distributed.Client`` to run on as it is (``workers`` and ``scheduler`` are
+            then not used).
 
     Returns:
         The report: chips per class, buildings not covered, items skipped with the reason.
+
+    Raises:
+        data_prep.engine.EngineError: the scheduler does not answer or the cluster cannot start.
     """
     spec = spec or ChipSpec()
     if shard_size < 1:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
+    if part_size < 1:
+        raise ValueError(f"part_size must be positive, got {part_size}")
     report = PrepareReport()
     name = (event or Path(buildings).stem).strip() or "scene"
     out = Path(out)
@@ -376,39 +637,55 @@ def prepare_scene(
         shift = align_scene(scene, pixel_centroids(scene.grid, footprints), align)
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
 
-        writer = _ShardWriter(out, name, shard_size)
-        rows: list[tuple[int, dict]] = []
-        for b in iter_building_chips(
-            scene, footprints, spec, block_size=block_size, progress=progress
-        ):
-            if b.status == NOT_COVERED:
+        plan = plan_reads(scene, footprints, spec, block_size)
+        for k, status, reason in plan.early:  # settled without a read
+            if status == NOT_COVERED:
                 report.not_covered += 1
+            else:
+                report.skip(f"{footprints.path} feature {plan.buildings.uid[k]}", reason)
+        parts = plan_parts(plan.groups, part_size)
+        # tiles the alignment's reads dropped stay out of the jobs' mosaics too
+        dropped_here = [
+            str(Path(t.item).absolute()) for t in [*scene.pre.skipped, *scene.post.skipped]
+        ]
+        jobs = []
+        for p, part in enumerate(parts):
+            members = [k for g in part for k in plan.groups[g]]
+            local = {k: j for j, k in enumerate(members)}
+            jobs.append(
+                PartJob(
+                    pre=[str(Path(x).absolute()) for x in pre_paths],
+                    post=[str(Path(x).absolute()) for x in post_paths],
+                    max_pixels=scene.max_pixels,
+                    offset=scene.post.offset,
+                    dropped=dropped_here,
+                    spec=spec,
+                    name=name,
+                    footprints=str(footprints.path),
+                    out=str(out.absolute()),
+                    part=p,
+                    shard_size=shard_size,
+                    buildings=plan.buildings.take(members),
+                    groups=[[local[k] for k in plan.groups[g]] for g in part],
+                )
+            )
+        results = _run_parts(jobs, workers, scheduler, client, progress)
+        rows: list[tuple[int, dict]] = []
+        dropped: list[Skipped] = []
+        for job, result in zip(jobs, results, strict=True):
+            if isinstance(result, JobFailed):
+                uids = job.buildings.uid
+                report.skip(
+                    f"{footprints.path} part {job.part}",
+                    f"{len(uids)} building(s) (features {uids[0]} ... {uids[-1]}) not prepared: "
+                    f"{result.error}",
+                )
                 continue
-            if b.status == SKIPPED:
-                report.skip(f"{footprints.path} feature {b.uid}", b.reason)
-                continue
-            row = {
-                "chip_id": f"{name}:{b.uid}",
-                "event": name,
-                "tile": name,
-                "uid": b.uid,
-                "label": b.label,
-                "label_name": CLASS_NAMES[b.label] if b.label >= 0 else "",
-                "bbox_minx": round(b.bbox[0], 3),
-                "bbox_miny": round(b.bbox[1], 3),
-                "bbox_maxx": round(b.bbox[2], 3),
-                "bbox_maxy": round(b.bbox[3], 3),
-                "win_col": b.window.col_off,
-                "win_row": b.window.row_off,
-                "win_size": b.window.size,
-                "lon": round(b.lon, 7),
-                "lat": round(b.lat, 7),
-            }
-            writer.add(row, b.pre, b.post)
-            rows.append((b.index, row))
-            report.add_chip(name, b.label)
-        writer.flush()
-        report.skipped.extend([*scene.pre.skipped, *scene.post.skipped])
+            part_rows, part_report, part_dropped = result
+            rows.extend(part_rows)
+            report.merge(part_report)
+            dropped.extend(s for s in part_dropped if s not in dropped)
+        report.skipped.extend([*scene.pre.skipped, *scene.post.skipped, *dropped])
         meta = {
             "spec": spec.to_dict(),
             "source": "scene",

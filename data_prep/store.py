@@ -6,6 +6,7 @@ Layout of a store ``CHIPS/``::
     CHIPS/store.json              chip spec, source and per-class/per-event counts
     CHIPS/shards/<tile>_pre.npy   uint8 [n, chip_size, chip_size, 3], row i = manifest index i
     CHIPS/shards/<tile>_post.npy  the same buildings cut from the post image
+    CHIPS/shards/<tile>.rows.json `prepare xbd` only: the tile's rows and report, for --resume
 
 Shards are plain NumPy arrays: lossless, no decode on read, and memory-mappable, so a training
 loader touches only the chips it draws. Every file is written under a temporary name and renamed

@@ -26,7 +26,15 @@ from data_prep.imagery import ImageError, read_rgb, read_rgb_pair, split_file_me
 from data_prep.quality import BLANK, blank_reasons
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, UNCLASSIFIED, UNLABELLED, ChipSpec, parse_label
-from data_prep.store import start_store, write_manifest, write_shard
+from data_prep.store import (
+    SHARDS,
+    STORE_META,
+    safe_name,
+    start_store,
+    write_json,
+    write_manifest,
+    write_shard,
+)
 from data_prep.windows import chip_window, crop_boundless, resize_chip
 
 #: Split folders of the distributed xBD release, searched below each root.
@@ -39,6 +47,14 @@ _LABEL_NAME = re.compile(r"^(?P<tile>.+)_post_disaster\.json$", re.IGNORECASE)
 
 class XbdRootError(ValueError):
     """An xBD root that does not exist or holds no xBD tiles; the message names the folder."""
+
+
+class ResumeError(ValueError):
+    """``--resume`` into a store prepared with other options; the message says which."""
+
+
+#: Suffix of a tile's sidecar in ``shards/``: its manifest rows and report (:func:`cut_tile`).
+SIDECAR = ".rows.json"
 
 
 @dataclass(frozen=True)
@@ -343,6 +359,32 @@ def _chip_buffers(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     return tuple(b[:need].reshape(n, size, size, 3) for b in bufs)
 
 
+def sidecar_path(out: str | os.PathLike, tile_name: str) -> Path:
+    """``out/shards/<tile>.rows.json``: what :func:`cut_tile` made of the tile."""
+    return Path(out) / SHARDS / f"{safe_name(tile_name)}{SIDECAR}"
+
+
+def _options(spec: ChipSpec, include_unclassified: bool, max_pixels: int | None) -> dict:
+    """The options a tile's chips depend on, as recorded in its sidecar."""
+    return {
+        "spec": spec.to_dict(),
+        "include_unclassified": bool(include_unclassified),
+        "max_pixels": max_pixels,
+    }
+
+
+def _inputs(tile: XbdTile) -> dict:
+    """Path, size and modification time of the tile's files (None when missing)."""
+    out = {}
+    for kind, path in (("pre", tile.pre), ("post", tile.post), ("label", tile.label)):
+        try:
+            st = path.stat() if path is not None else None
+        except OSError:
+            st = None
+        out[kind] = None if st is None else [str(path), st.st_size, st.st_mtime_ns]
+    return out
+
+
 def cut_tile(
     tile: XbdTile,
     out: str | os.PathLike,
@@ -350,7 +392,34 @@ def cut_tile(
     include_unclassified: bool = False,
     max_pixels: int | None = None,
 ) -> tuple[list[dict], PrepareReport]:
-    """Cut every building of one tile into a shard pair under ``out``.
+    """Cut every building of one tile into a shard pair under ``out``, then write the tile's
+    sidecar ``shards/<tile>.rows.json`` (atomically, last): its options, input files, manifest
+    rows and report, which ``prepare xbd --resume`` reads back instead of cutting the tile again.
+
+    Args and returns: as :func:`cut_tile_rows`.
+    """
+    rows, report = cut_tile_rows(tile, out, spec, include_unclassified, max_pixels)
+    write_json(
+        sidecar_path(out, tile.name),
+        {
+            "tile": tile.name,
+            "options": _options(spec, include_unclassified, max_pixels),
+            "inputs": _inputs(tile),
+            "rows": rows,
+            "report": report.to_dict(),
+        },
+    )
+    return rows, report
+
+
+def cut_tile_rows(
+    tile: XbdTile,
+    out: str | os.PathLike,
+    spec: ChipSpec,
+    include_unclassified: bool = False,
+    max_pixels: int | None = None,
+) -> tuple[list[dict], PrepareReport]:
+    """Cut every building of one tile into a shard pair under ``out`` (no sidecar).
 
     Args:
         tile: the tile's files.
@@ -573,6 +642,7 @@ def prepare_xbd(
     max_pixels: int | None = None,
     scheduler: str | None = None,
     client=None,
+    resume: bool = False,
 ) -> PrepareReport:
     """Cut per-building pre/post chip pairs from xBD tiles into a chip store.
 
@@ -597,12 +667,17 @@ def prepare_xbd(
             ``out`` at the same paths (else ``$DASK_SCHEDULER_ADDRESS``; else embedded).
         client: a ``distributed.Client`` to run on as it is (``workers`` and ``scheduler`` are
             then not used).
+        resume: reuse the tiles an earlier run into ``out`` finished (their sidecar and both
+            shards exist, and their files are unchanged) instead of cutting them again; the
+            store is the same as after an uninterrupted run. Without it every tile is cut and
+            the sidecars of earlier runs are removed first.
 
     Returns:
         The run's report (chips per class and event, skipped items).
 
     Raises:
         XbdRootError: a root does not exist or holds no xBD tiles.
+        ResumeError: ``resume`` into a store prepared with another chip spec or other options.
     """
     spec = spec or ChipSpec()
     workers = None if workers is None else max(int(workers), 1)
@@ -613,21 +688,33 @@ def prepare_xbd(
     tiles, duplicates = find_tiles(roots)
     if limit is not None:
         tiles = tiles[: max(int(limit), 0)]
-    out = start_store(Path(out).absolute())
+    out = Path(out).absolute()
+    options = _options(spec, include_unclassified, max_pixels)
+    # checked before anything in the store changes
+    done = _finished_tiles(out, tiles, options) if resume else {}
+    out = start_store(out)
+    if not resume:
+        for path in (out / SHARDS).glob(f"*{SIDECAR}"):
+            path.unlink(missing_ok=True)
     report = PrepareReport()
     for item, reason in duplicates:
         report.skip(item, reason)
-    results = run_tiles(
+    todo = [t for t in tiles if t.name not in done]
+    cut = run_tiles(
         _cut_tile_task,
-        [(t, out, spec, include_unclassified, max_pixels) for t in tiles],
+        [(t, out, spec, include_unclassified, max_pixels) for t in todo],
         workers=workers,
         progress=progress,
         desc="prepare xbd",
-        costs=[_label_size(t) for t in tiles],
+        costs=[_label_size(t) for t in todo],
         scheduler=scheduler,
         client=client,
     )
     _BUFFERS.arrays = None
+    by_name = dict(done)
+    by_name.update((t.name, r) for t, r in zip(todo, cut, strict=True))
+    results = [by_name[t.name] for t in tiles]
+    report.reused = len(done)
     rows: list[dict] = []
     for tile, result in zip(tiles, results, strict=True):
         if isinstance(result, JobFailed):
@@ -645,4 +732,60 @@ def prepare_xbd(
         "report": report.to_dict(),
     }
     write_manifest(out, rows, meta)
+    current = {f"{safe_name(t.name)}{SIDECAR}" for t in tiles}
+    for path in (out / SHARDS).glob(f"*{SIDECAR}"):  # tiles no longer in the run
+        if path.name not in current:
+            path.unlink(missing_ok=True)
     return report
+
+
+def _finished_tiles(
+    out: Path, tiles: Sequence[XbdTile], options: dict
+) -> dict[str, tuple[list[dict], PrepareReport]]:
+    """``(rows, report)`` by tile name of the tiles an earlier run into ``out`` finished: a
+    sidecar naming the same input files (same size and time), and every shard its rows name.
+
+    Raises:
+        ResumeError: the store, or a tile's sidecar, was prepared with other options.
+    """
+    meta_path = out / STORE_META
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("source") != "xbd":
+            raise ResumeError(
+                f"{out} holds a chip store prepared from {meta.get('source')!r}, not xBD; "
+                "choose another --out, or leave out --resume to replace it"
+            )
+        recorded = {k: meta.get(k) for k in ("spec", "include_unclassified")}
+        _check_options(out, recorded, {k: options[k] for k in recorded})
+    done = {}
+    for tile in tiles:
+        path = sidecar_path(out, tile.name)
+        if not path.is_file():
+            continue
+        try:
+            side = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # unreadable: cut the tile again
+        _check_options(path, side.get("options"), options)
+        rows = side.get("rows", [])
+        files = {out / row[k] for row in rows for k in ("pre_file", "post_file")}
+        if side.get("inputs") != _inputs(tile) or not all(f.is_file() for f in files):
+            continue
+        done[tile.name] = (rows, PrepareReport.from_dict(side["report"]))
+    return done
+
+
+def _check_options(where: Path, recorded: dict | None, options: dict) -> None:
+    if recorded == options:
+        return
+    recorded = recorded or {}
+    differ = [
+        f"{k} {json.dumps(recorded.get(k), sort_keys=True)} (now {json.dumps(v, sort_keys=True)})"
+        for k, v in options.items()
+        if recorded.get(k) != v
+    ]
+    raise ResumeError(
+        f"cannot resume: {where} was prepared with other options: {'; '.join(differ)}; run with "
+        "the same options, or leave out --resume to prepare every tile again"
+    )

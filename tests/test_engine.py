@@ -111,7 +111,14 @@ def scheduler(tmp_path_factory):
         )  # fmt: skip
     ]
     try:
-        assert wait_for(info.exists, 60), "dask scheduler did not start"
+
+        def written() -> bool:  # the file appears before its contents
+            try:
+                return bool(json.loads(info.read_text()).get("address"))
+            except (OSError, ValueError):
+                return False
+
+        assert wait_for(written, 60), "dask scheduler did not start"
         address = json.loads(info.read_text())["address"]
         for _ in range(2):
             procs.append(
@@ -340,3 +347,94 @@ def test_a_client_killed_mid_batch_resumes(
     for i in range(36):
         for suffix in (".geojson", ".tif"):
             assert got[f"s{i:02d}{suffix}"] == reference[f"s{i % 12:02d}{suffix}"]
+
+
+# --- prepare scene: one job per part of the scene ---------------------------------------------
+
+
+def prepare_small_parts(s, out, **kwargs):
+    """`prepare scene` on the synthetic scene in parts of about 6 buildings, 4 chips a shard."""
+    from data_prep.scene import prepare_scene
+
+    return prepare_scene(s.pre, s.post, s.buildings, out, label_field=s.label_field,
+                         block_size=128, part_size=6, shard_size=4, progress=False,
+                         **kwargs)  # fmt: skip
+
+
+def scene_store_bytes(store: Path) -> dict[str, bytes]:
+    """Manifest, shards and store.json (which holds no timings) of a scene's chip store."""
+    return {**store_bytes(store), "store.json": (store / "store.json").read_bytes()}
+
+
+def test_prepare_scene_in_process_embedded_and_remote_build_the_same_store(
+    synthetic_scene, scheduler, tmp_path
+):
+    """The parts of a scene cut in this process, on two embedded workers and on the two workers
+    of an existing scheduler give the same store byte for byte, with the same chips as one
+    part holding the whole scene."""
+    from data_prep.scene import prepare_scene
+    from data_prep.store import ChipReader, read_manifest
+
+    s = synthetic_scene
+    reports = {
+        "one": prepare_small_parts(s, tmp_path / "one", workers=1),
+        "two": prepare_small_parts(s, tmp_path / "two", workers=2),
+        "remote": prepare_small_parts(s, tmp_path / "remote", scheduler=scheduler),
+    }
+    one = scene_store_bytes(tmp_path / "one")
+    shards = [name for name in one if name.startswith("shards/")]
+    parts = {name.split("-p")[1][:4] for name in shards}
+    assert len(parts) >= 3 and len(shards) > 2 * len(parts)  # several parts, several shards each
+    assert scene_store_bytes(tmp_path / "two") == one
+    assert scene_store_bytes(tmp_path / "remote") == one
+    for report in reports.values():
+        assert report.chips == s.covered and report.not_covered == s.not_covered
+        assert not report.skipped
+
+    # the parts change where the chips are stored, not the chips (the same reads, in one part)
+    prepare_scene(s.pre, s.post, s.buildings, tmp_path / "whole", label_field=s.label_field,
+                  block_size=128, part_size=10**6, progress=False)  # fmt: skip
+    whole, parted = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "one")
+    assert list(whole["chip_id"]) == list(parted["chip_id"])
+    a, b = ChipReader(tmp_path / "whole"), ChipReader(tmp_path / "one")
+    for (_, x), (_, y) in zip(whole.iterrows(), parted.iterrows(), strict=True):
+        for cx, cy in zip(a.pair(x), b.pair(y), strict=True):
+            assert (cx == cy).all()
+
+    # the command line reaches the cluster too
+    args = ["prepare", "scene", "--pre", *s.pre, "--post", *s.post, "--buildings", s.buildings,
+            "--label-field", s.label_field]  # fmt: skip
+    assert run_cli(*args, "--out", tmp_path / "cli1", "--workers", "1") == 0
+    assert run_cli(*args, "--out", tmp_path / "cli2", "--scheduler", scheduler) == 0
+    assert scene_store_bytes(tmp_path / "cli2") == scene_store_bytes(tmp_path / "cli1")
+
+
+def test_a_failed_part_of_a_scene_is_reported_and_the_others_are_written(
+    synthetic_scene, tmp_path, monkeypatch
+):
+    import data_prep.scene as scene_module
+    from data_prep.store import read_manifest
+
+    s = synthetic_scene
+    prepare_small_parts(s, tmp_path / "ok", workers=1)
+    cut_part = scene_module.cut_part
+
+    def failing(job):
+        if job.part == 1:
+            raise OSError("disk on fire")
+        return cut_part(job)
+
+    monkeypatch.setattr(scene_module, "cut_part", failing)
+    report = prepare_small_parts(s, tmp_path / "bad", workers=1)
+    failed = [x for x in report.skipped if " part 1" in x.item]
+    assert len(failed) == 1 and "not prepared: OSError: disk on fire" in failed[0].reason
+    assert report.exit_code() == 0 and report.chips < s.covered
+    ok, bad = read_manifest(tmp_path / "ok"), read_manifest(tmp_path / "bad")
+    assert not bad["pre_file"].str.contains("-p0001-").any()
+    kept = ok[~ok["pre_file"].str.contains("-p0001-")].reset_index(drop=True)
+    assert len(bad) == report.chips == len(kept) > 0
+    assert bad.equals(kept)
+    shards = sorted(p.name for p in (tmp_path / "bad" / "shards").iterdir())
+    assert shards == sorted(
+        p.name for p in (tmp_path / "ok" / "shards").iterdir() if "-p0001-" not in p.name
+    )

@@ -316,3 +316,91 @@ def test_synthetic_module_main_then_prepare(tmp_path, capsys):
     assert Counter(read_manifest(tmp_path / "chips")["label_name"]) == expected_counts(
         tmp_path / "xbd"
     )
+
+
+# --- --resume ---------------------------------------------------------------------------------
+
+
+def store_files(store: Path) -> dict[str, bytes]:
+    """Every file of a chip store (manifest, store.json, shards and sidecars) -> bytes."""
+    return {
+        str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()
+    }
+
+
+def test_resume_cuts_only_the_unfinished_tiles_and_gives_the_same_store(
+    tmp_path, monkeypatch, capsys
+):
+    import data_prep.xbd as xbd
+
+    root = make_xbd(tmp_path / "xbd", seed=5, n_tiles=6, size=256)
+    prepare_xbd(root, tmp_path / "ref", spec=SPEC, workers=1, progress=False)
+    reference = store_files(tmp_path / "ref")
+    out = tmp_path / "out"
+    prepare_xbd(root, out, spec=SPEC, workers=1, progress=False)
+    shards = out / "shards"
+    tiles = sorted(set(read_manifest(out)["tile"]))
+    assert len(tiles) >= 4 and len(list(shards.glob("*.rows.json"))) == 6
+    # an interrupted run: no manifest, two tiles without their sidecar, one without a shard
+    (out / "manifest.csv").unlink()
+    (shards / f"{tiles[0]}.rows.json").unlink()
+    (shards / f"{tiles[0]}_pre.npy").unlink()
+    (shards / f"{tiles[1]}.rows.json").unlink()
+    (shards / f"{tiles[2]}_post.npy").unlink()
+    before = {p.name: p.stat().st_mtime_ns for p in shards.iterdir()}
+    cut = []
+    cut_tile_rows = xbd.cut_tile_rows
+
+    def counting(tile, *args):
+        cut.append(tile.name)
+        return cut_tile_rows(tile, *args)
+
+    monkeypatch.setattr(xbd, "cut_tile_rows", counting)
+    args = ["prepare", "xbd", "--root", root, "--out", out, "--chip-size", SPEC.chip_size,
+            "--context", SPEC.context, "--min-size", SPEC.min_size, "--workers", "1"]  # fmt: skip
+    assert main([str(a) for a in args] + ["--resume"]) == 0
+    assert sorted(cut) == tiles[:3]
+    assert "tiles taken from the earlier run (--resume): 3" in capsys.readouterr().err
+    assert store_files(out) == reference
+    for name, mtime in before.items():  # the finished tiles' files were left alone
+        if not name.startswith((tiles[0], tiles[1], tiles[2])):
+            assert (shards / name).stat().st_mtime_ns == mtime, name
+
+    # a changed input file is cut again
+    cut.clear()
+    label = root / "labels" / f"{tiles[3]}_post_disaster.json"
+    label.write_bytes(label.read_bytes())
+    assert main([str(a) for a in args] + ["--resume"]) == 0
+    assert cut == [tiles[3]]
+
+    # without --resume every tile is cut again
+    cut.clear()
+    assert main([str(a) for a in args]) == 0
+    assert len(cut) == 6
+
+
+def test_resume_with_other_options_is_refused(tmp_path, capsys):
+    from data_prep.xbd import ResumeError
+
+    root = make_xbd(tmp_path / "xbd", seed=6, n_tiles=3, size=256)
+    out = tmp_path / "out"
+    prepare_xbd(root, out, spec=SPEC, workers=1, progress=False)
+    before = store_files(out)
+    other = ChipSpec(chip_size=32, context=SPEC.context, min_size=SPEC.min_size)
+    with pytest.raises(ResumeError, match="other options: spec"):
+        prepare_xbd(root, out, spec=other, workers=1, progress=False, resume=True)
+    assert store_files(out) == before  # nothing touched
+    rc = main(["prepare", "xbd", "--root", str(root), "--out", str(out), "--workers", "1",
+               "--resume"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot resume" in err and "leave out --resume" in err
+    assert "Traceback" not in err
+    # an interrupted run has no store.json yet: the sidecars record the options
+    (out / "store.json").unlink()
+    (out / "manifest.csv").unlink()
+    with pytest.raises(ResumeError, match="include_unclassified"):
+        prepare_xbd(root, out, spec=SPEC, workers=1, progress=False, resume=True,
+                    include_unclassified=True)  # fmt: skip
+    # the same options resume
+    report = prepare_xbd(root, out, spec=SPEC, workers=1, progress=False, resume=True)
+    assert report.reused == 3 and read_manifest(out).shape[0] == report.chips > 0
