@@ -9,9 +9,11 @@ A flag does not withhold the grade (except ``blank``): the building is still sco
 - ``cloud``: most of the post chip is bright and texture-poor (:func:`sky_flag`).
 - ``haze``: the post chip is brighter than the pre chip and its local contrast has collapsed
   relative to the pre chip's (:func:`sky_flag`).
-- ``misaligned``: the residual pre/post shift of the chip pair, in pixels, measured by the
-  alignment check (:func:`data_prep.alignment.residual_shift`, after the scene's own shift is
-  corrected), exceeds :data:`MISALIGNED_PX`.
+- ``misaligned``: after the scene's own shift is corrected, the building's residual pre/post
+  shift exceeds :data:`MISALIGNED_CONTEXT_PX` source pixels, measured on the imagery around it
+  (:func:`data_prep.residual.context_residual`, given by the scoring code), or, for a chip pair
+  with no imagery around it, :data:`MISALIGNED_PX` chip pixels measured on the chips
+  (:func:`data_prep.residual.residual_shift`).
 - ``ood``: the building's embedding is far from every class prototype: its largest cosine
   similarity to the prototypes stored in the model's ``ood`` metadata prop is below the stored
   threshold (:class:`OodCheck`). A model without that prop never flags ``ood``.
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.alignment import residual_shift
+from data_prep.residual import residual_shift
 
 #: Every flag name, in the order they are written.
 FLAGS = ("blank", "cloud", "haze", "misaligned", "ood")
@@ -43,12 +45,17 @@ METADATA_KEY = "ood"
 #: How the ``ood`` score is computed (stored in the metadata block).
 OOD_METHOD = "largest cosine similarity of the embedding to a class prototype"
 
-#: ``misaligned`` when the residual pre/post shift exceeds this many chip pixels.
+#: ``misaligned`` when the residual pre/post shift measured on the chips alone exceeds this many
+#: chip pixels.
 MISALIGNED_PX = 3.0
+#: ``misaligned`` when the residual shift measured on the imagery around the building
+#: (:func:`data_prep.residual.context_residual`) exceeds this many source pixels: the smallest
+#: limit with at most 1% false alarms on the real xBD tiles of folds 0, 2, 3 and 4 (docs/flags.md).
+MISALIGNED_CONTEXT_PX = 6.0
 #: The residual-shift measurement every :class:`Flagger` uses by default:
 #: ``(pre, post) -> shift in chip pixels, or None when it cannot be measured``; None: no
 #: ``misaligned`` flag. The alignment check of ``data_prep``
-#: (:func:`data_prep.alignment.residual_shift`).
+#: (:func:`data_prep.residual.residual_shift`).
 MEASURE_SHIFT: Callable[[np.ndarray, np.ndarray], float | None] | None = residual_shift
 
 #: Luminance (0-255) above which a post pixel counts as bright.
@@ -309,7 +316,9 @@ class Flagger:
     Args:
         metadata: the model's parsed metadata (:attr:`app.predictor.Predictor.metadata`); its
             ``ood`` prop, when present, enables the ``ood`` flag.
-        misaligned_px: the ``misaligned`` limit in chip pixels.
+        misaligned_px: the ``misaligned`` limit in chip pixels (shifts measured on chips).
+        context_px: the ``misaligned`` limit in source pixels (shifts measured around the
+            building, given to :meth:`pair` as ``context_px``).
         measure_shift: ``(pre, post) -> shift in chip pixels or None``, the residual pre/post
             shift of a chip pair, used when no shift is given; None: :data:`MEASURE_SHIFT`.
 
@@ -322,9 +331,11 @@ class Flagger:
         metadata: Mapping[str, Any] | None = None,
         misaligned_px: float = MISALIGNED_PX,
         measure_shift: Callable[[np.ndarray, np.ndarray], float | None] | None = None,
+        context_px: float = MISALIGNED_CONTEXT_PX,
     ) -> None:
         self.ood = OodCheck.from_metadata(metadata)
         self.misaligned_px = float(misaligned_px)
+        self.context_px = float(context_px)
         self.measure_shift = measure_shift if measure_shift is not None else MEASURE_SHIFT
 
     @property
@@ -342,6 +353,7 @@ class Flagger:
         post: np.ndarray,
         embedding: np.ndarray | None = None,
         shift_px: float | None = None,
+        context_px: float | None = None,
     ) -> list[str]:
         """The flags of one uint8 ``[H, W, 3]`` chip pair, in :data:`FLAGS` order.
 
@@ -349,17 +361,24 @@ class Flagger:
             pre, post: the chips as cut for the model.
             embedding: the model's ``[D]`` embedding of the pair (None: not scored, no ``ood``).
             shift_px: residual pre/post shift in chip pixels (None: measured by
-                :attr:`measure_shift` when there is one).
+                :attr:`measure_shift` when there is one); not used with ``context_px``.
+            context_px: residual shift in source pixels measured on the imagery around the
+                building (:func:`data_prep.residual.context_residual`; NaN: measured, no
+                clear shift); None: only the chips are measured.
         """
         if blank_flag(pre, post):
             return [BLANK]
-        if shift_px is None and self.measure_shift is not None:
-            shift_px = self.measure_shift(pre, post)
+        if context_px is not None:
+            shift_px, limit = context_px, self.context_px
+        else:
+            limit = self.misaligned_px
+            if shift_px is None and self.measure_shift is not None:
+                shift_px = self.measure_shift(pre, post)
         out = []
         sky = sky_flag(pre, post)
         if sky:
             out.append(sky)
-        if misaligned_flag(shift_px, self.misaligned_px):
+        if misaligned_flag(shift_px, limit):
             out.append(MISALIGNED)
         if embedding is not None and self.ood is not None and self.ood.flagged(embedding)[0]:
             out.append(OOD)
@@ -371,9 +390,10 @@ class Flagger:
         post: np.ndarray,
         embedding: np.ndarray | None = None,
         shift_px: Sequence[float | None] | None = None,
+        context_px: Sequence[float | None] | None = None,
     ) -> list[list[str]]:
         """The flags of ``N`` chip pairs: uint8 ``[N, H, W, 3]`` chips, ``[N, D]`` embeddings,
-        ``N`` shifts (None: measured as in :meth:`pair`)."""
+        ``N`` chip shifts and ``N`` context shifts (None, or a None entry: as in :meth:`pair`)."""
         n = len(pre)
         ood = (
             self.ood.flagged(embedding)
@@ -382,7 +402,13 @@ class Flagger:
         )
         out = []
         for i in range(n):
-            flags = self.pair(pre[i], post[i], None, None if shift_px is None else shift_px[i])
+            flags = self.pair(
+                pre[i],
+                post[i],
+                None,
+                None if shift_px is None else shift_px[i],
+                None if context_px is None else context_px[i],
+            )
             if ood[i] and BLANK not in flags:
                 flags.append(OOD)
             out.append(flags)

@@ -233,11 +233,18 @@ class _Batcher:
         self.rows: list[int] = []
         self.pre: list[np.ndarray] = []
         self.post: list[np.ndarray] = []
+        self.context: list[float | None] = []
 
-    def add(self, row: int, pre: np.ndarray, post: np.ndarray) -> None:
+    def add(
+        self, row: int, pre: np.ndarray, post: np.ndarray, context_px: float | None = None
+    ) -> None:
+        """Queue a chip pair; ``context_px`` is its residual shift measured on the imagery
+        around the building (:func:`data_prep.residual.context_residual`), None when there is
+        none (the chips alone are measured)."""
         self.rows.append(row)
         self.pre.append(pre)
         self.post.append(post)
+        self.context.append(context_px)
         if len(self.rows) >= self.batch_size:
             self.flush()
 
@@ -253,9 +260,10 @@ class _Batcher:
         self.scores.probs[rows] = probs
         self.scores.class_id[rows] = probs.argmax(axis=1)
         self.scores.status[rows] = SCORED
-        for row, names in zip(rows, self.flagger.batch(pre, post, pred.embedding), strict=True):
+        flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
+        for row, names in zip(rows, flags, strict=True):
             self.scores.flags[row] = flags_text(names)
-        self.rows, self.pre, self.post = [], [], []
+        self.rows, self.pre, self.post, self.context = [], [], [], []
 
 
 def _merge_attributes(
@@ -487,7 +495,12 @@ def score_scene(
 
         batcher = _Batcher(predictor, scores, batch_size)
         for b in iter_building_chips(
-            scene, footprints, predictor.spec, block_size=block_size, progress=progress
+            scene,
+            footprints,
+            predictor.spec,
+            block_size=block_size,
+            progress=progress,
+            context=True,
         ):
             row = int(footprints.rows[b.index])
             if b.status == CUT_NOT_COVERED:
@@ -496,7 +509,7 @@ def score_scene(
                 scores.skip(row, b.reason)
                 report.skipped.append(Skipped(f"{footprints.path} feature {b.uid}", b.reason))
             else:
-                batcher.add(row, b.pre, b.post)
+                batcher.add(row, b.pre, b.post, b.context_px)
         batcher.flush()
         report.skipped.extend(scene.all_skipped())
         _report_counts(report, scores)

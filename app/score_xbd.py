@@ -147,6 +147,7 @@ def score_xbd(
     from data_prep.imagery import ImageError, split_file_message
     from data_prep.quality import blank_reason
     from data_prep.report import PrepareReport
+    from data_prep.residual import image_context_residual
     from data_prep.windows import chip_window, crop_boundless, resize_chip
     from data_prep.xbd import parse_buildings, read_tile_pair
 
@@ -253,7 +254,8 @@ def score_xbd(
             scores.skip(row, blank)
             report.skipped.append(Skipped(item, blank))
             continue
-        batcher.add(row, pre_chip, post_chip)
+        shift = image_context_residual(pre_img, post_img, b.centroid, window.size)
+        batcher.add(row, pre_chip, post_chip, shift)
     batcher.flush()
     _report_counts(report, scores)
 

@@ -1,5 +1,5 @@
-"""Pre/post alignment: how far the post image is shifted from the pre image, and by how much a
-building's chip pair is still shifted after the scene is corrected (no torch).
+"""Pre/post alignment: how far the post image is shifted from the pre image, and its correction
+(no torch).
 
 Georeferenced pre and post imagery is often off by metres: different orthorectification,
 different sensors, a shifted tile. The model compares pre and post pixel by pixel, so a shift
@@ -20,22 +20,13 @@ looks like change. Two measurements, both on grey images (Rec. 601 luma):
   (:meth:`data_prep.mosaic.Mosaic.set_offset`): the post tiles are read as if their transform were
   moved by the shift, so chips are cut by the one chip-cutting function from corrected imagery.
   A shift that is not confident is never applied, and the report says why.
-- **Residual shift of a chip pair** (:func:`chip_shift`, :func:`residual_shift`): after the
-  correction, each building's own pre/post shift in chip pixels, by normalised cross-correlation
-  (OpenCV ``matchTemplate``, ``TM_CCOEFF_NORMED``) of the centre of the pre chip over the post
-  chip, within :data:`CHIP_SEARCH` of the chip side, sub-pixel by a parabola through the peak. It
-  is reported only when the match is good (peak correlation at least :data:`CHIP_MIN_NCC`), the
-  best shift beats no shift clearly (by :data:`CHIP_MIN_GAIN` in correlation) and the peak is not
-  on the edge of the search range; otherwise it is not measurable (None). These rules keep false
-  alarms on real held-out xBD chips under 2% but catch only large, unambiguous shifts
-  (``local-damage bench alignment``, docs/flags.md). ``app.flags`` flags ``misaligned`` above ``app.flags.MISALIGNED_PX``.
+- **Residual shift of a building** after the correction: :mod:`data_prep.residual`
+  (template matching of the pre image over the post image around the building).
 
 Sign convention everywhere: a shift ``(dx, dy)`` in pixels (x = column to the right, y = row
 down) means the post image shows at ``(x + dx, y + dy)`` what the pre image shows at ``(x, y)``.
-Phase correlation (cf. google-research/skai, which template-matches each building's pre
-image inside a larger post image) is used for blocks because it is fast on large blocks and
-insensitive to brightness changes; template matching for chips because on 128-pixel chips it is
-far more stable (measured on real xBD chips, see docs/scoring.md).
+Phase correlation is used for blocks because it is fast on large blocks and insensitive to
+brightness changes; a building's residual shift is template-matched (:mod:`data_prep.residual`).
 """
 
 from __future__ import annotations
@@ -72,15 +63,6 @@ MIN_BLOCKS = 2
 AGREE_PX = 1.5
 #: A confident scene shift is corrected only when longer than this many grid pixels.
 MIN_CORRECT_PX = 1.0
-
-#: Search range of a chip pair's shift, as a fraction of the chip side (16 px on 128 px chips).
-CHIP_SEARCH = 0.125
-#: Gaussian blur (pixels) of chip grey images before matching.
-CHIP_BLUR = 1.0
-#: Least peak correlation for a chip pair's shift to be measured.
-CHIP_MIN_NCC = 0.3
-#: Least gain in correlation of the best shift over no shift for it to be measured.
-CHIP_MIN_GAIN = 0.2
 
 
 def gray(rgb: np.ndarray) -> np.ndarray:
@@ -530,89 +512,3 @@ def align_images(
         borderValue=0,
     )
     return moved, shift
-
-
-# --------------------------------------------------------------------------------------------
-# chips: template matching
-
-
-@dataclass(frozen=True)
-class ChipShift:
-    """A chip pair's shift (chip pixels, post relative to pre) and the match behind it.
-
-    Attributes:
-        dx, dy: the best shift within the search range.
-        ncc: normalised cross-correlation at that shift (-1..1).
-        ncc_zero: normalised cross-correlation at no shift.
-    """
-
-    dx: float
-    dy: float
-    ncc: float
-    ncc_zero: float
-
-    @property
-    def length(self) -> float:
-        return float(math.hypot(self.dx, self.dy))
-
-    #: The search range (chip pixels); a peak on its edge is not a measurement.
-    search_px: float = math.inf
-
-    @property
-    def measurable(self) -> bool:
-        """Whether the match is good, clearly better than no shift, and not on the edge of the
-        search range (see the module docstring)."""
-        inside = max(abs(self.dx), abs(self.dy)) < self.search_px - 0.5
-        return inside and self.ncc >= CHIP_MIN_NCC and self.ncc - self.ncc_zero >= CHIP_MIN_GAIN
-
-
-def _parabola(m: np.ndarray, x: int, y: int) -> tuple[float, float]:
-    def vertex(a: float, b: float, c: float) -> float:
-        d = a - 2 * b + c
-        return 0.0 if d >= 0 else float(np.clip(0.5 * (a - c) / d, -0.5, 0.5))
-
-    h, w = m.shape
-    ox = vertex(m[y, x - 1], m[y, x], m[y, x + 1]) if 0 < x < w - 1 else 0.0
-    oy = vertex(m[y - 1, x], m[y, x], m[y + 1, x]) if 0 < y < h - 1 else 0.0
-    return x + ox, y + oy
-
-
-def chip_shift(pre: np.ndarray, post: np.ndarray, search: float = CHIP_SEARCH) -> ChipShift:
-    """The shift of a post chip relative to its pre chip, by template matching.
-
-    The pre chip's centre (the chip less ``search * side`` on every edge) is matched over the
-    whole post chip with ``TM_CCOEFF_NORMED`` on blurred grey images.
-
-    Args:
-        pre, post: uint8 ``[S, S, 3]`` chips (or grey ``[S, S]``) of one size.
-        search: the largest shift looked for, as a fraction of the chip side.
-
-    Returns:
-        The :class:`ChipShift`; flat chips give a zero shift with correlation 0.
-    """
-    import cv2
-
-    a, b = gray(pre), gray(post)
-    if a.shape != b.shape or a.ndim != 2:
-        raise ValueError(f"pre and post chips must have one 2-D shape, got {a.shape}, {b.shape}")
-    if CHIP_BLUR > 0:
-        a = cv2.GaussianBlur(a, (0, 0), CHIP_BLUR)
-        b = cv2.GaussianBlur(b, (0, 0), CHIP_BLUR)
-    h, w = a.shape
-    r = max(1, int(round(search * min(h, w))))
-    template = a[r : h - r, r : w - r]
-    if float(template.std()) < 1e-3 or float(b.std()) < 1e-3:
-        return ChipShift(0.0, 0.0, 0.0, 0.0)
-    m = cv2.matchTemplate(b, template, cv2.TM_CCOEFF_NORMED)
-    m = np.nan_to_num(m, nan=-1.0, posinf=-1.0, neginf=-1.0)
-    _, peak, _, (x, y) = cv2.minMaxLoc(m)
-    fx, fy = _parabola(m, x, y)
-    return ChipShift(float(fx - r), float(fy - r), float(peak), float(m[r, r]), float(r))
-
-
-def residual_shift(pre: np.ndarray, post: np.ndarray) -> float | None:
-    """Length in chip pixels of a chip pair's own pre/post shift, or None when it cannot be
-    measured with confidence (:attr:`ChipShift.measurable`). The ``misaligned`` measurement of
-    ``app.flags``."""
-    s = chip_shift(pre, post)
-    return s.length if s.measurable else None

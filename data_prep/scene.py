@@ -74,6 +74,9 @@ class BuildingChip:
         window: the chip window in pre-grid pixels.
         lon, lat: footprint centroid in degrees (EPSG:4326).
         pre, post: uint8 [chip_size, chip_size, 3] chips when ``status == "chip"``, else None.
+        context_px: the building's residual pre/post shift in grid pixels measured on the
+            imagery around it (:func:`data_prep.residual.context_residual`; NaN: no clear
+            shift), when the chips were cut with ``context=True``; else None.
     """
 
     index: int
@@ -87,6 +90,7 @@ class BuildingChip:
     lat: float
     pre: np.ndarray | None = None
     post: np.ndarray | None = None
+    context_px: float | None = None
 
 
 @dataclass
@@ -108,7 +112,9 @@ class SceneBuildings:
     def __len__(self) -> int:
         return len(self.index)
 
-    def chip(self, k: int, status: str, reason: str = "", pre=None, post=None) -> BuildingChip:
+    def chip(
+        self, k: int, status: str, reason: str = "", pre=None, post=None, context_px=None
+    ) -> BuildingChip:
         return BuildingChip(
             index=self.index[k],
             uid=self.uid[k],
@@ -121,6 +127,7 @@ class SceneBuildings:
             lat=float(self.lonlat[k, 1]),
             pre=pre,
             post=post,
+            context_px=context_px,
         )
 
     def take(self, ks: Sequence[int]) -> SceneBuildings:
@@ -220,10 +227,24 @@ def plan_reads(
 
 
 def cut_reads(
-    scene: Scene, buildings: SceneBuildings, groups: Sequence[Sequence[int]], spec: ChipSpec
+    scene: Scene,
+    buildings: SceneBuildings,
+    groups: Sequence[Sequence[int]],
+    spec: ChipSpec,
+    context: bool = False,
+    margin: int | None = None,
 ) -> Iterator[BuildingChip]:
     """Read each group of ``buildings`` (positions into it) from ``scene`` once and yield one
-    :class:`BuildingChip` per building, group after group."""
+    :class:`BuildingChip` per building, group after group.
+
+    Each read takes ``margin`` (default :data:`data_prep.residual.CONTEXT_SIDE` / 2) pixels
+    around the group as well, inside the grid and within the pixel limit, with or without
+    ``context``: the post image is warped per read, so the same reads are what keeps chips cut
+    for scoring identical to chips cut for training. With ``context`` every chip comes with its
+    building's residual shift measured there (:attr:`BuildingChip.context_px`).
+    """
+    from data_prep.residual import CONTEXT_SIDE, context_residual, context_window
+
     windows, bounds = buildings.windows, buildings.bounds
     for members in groups:
         c0, r0, c1, r1 = _block_extent(members, windows, bounds)
@@ -232,6 +253,18 @@ def cut_reads(
             for k in members:
                 yield buildings.chip(k, SKIPPED, problem)
             continue
+        m = CONTEXT_SIDE // 2 if margin is None else int(margin)
+        width, height = scene.grid.width, scene.grid.height
+        wider = (
+            max(c0 - m, min(c0, 0)),
+            max(r0 - m, min(r0, 0)),
+            min(c1 + m, max(c1, width)),
+            min(r1 + m, max(r1, height)),
+        )
+        if not pixel_limit_problem(
+            wider[2] - wider[0], wider[3] - wider[1], scene.max_pixels, "read window"
+        ):
+            c0, r0, c1, r1 = wider
         pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
         both = pre_valid & post_valid
         for k in members:
@@ -246,7 +279,20 @@ def cut_reads(
             if blank:
                 yield buildings.chip(k, SKIPPED, blank)
                 continue
-            yield buildings.chip(k, CHIP, pre=pre, post=post)
+            shift = None
+            if context:
+                half = w.size / 2
+                cw = context_window(
+                    (local.col_off + half, local.row_off + half),
+                    max(CONTEXT_SIDE, w.size),
+                    pre_rgb.shape[:2],
+                )
+                shift = context_residual(
+                    crop_boundless(pre_rgb, cw),
+                    crop_boundless(post_rgb, cw),
+                    crop_boundless(both, cw),
+                )
+            yield buildings.chip(k, CHIP, pre=pre, post=post, context_px=shift)
 
 
 def iter_building_chips(
@@ -256,6 +302,8 @@ def iter_building_chips(
     *,
     block_size: int = BLOCK_SIZE,
     progress: bool = True,
+    context: bool = False,
+    margin: int | None = None,
 ) -> Iterator[BuildingChip]:
     """Cut the chip pair of every building, reading the scene one block of buildings at a time.
 
@@ -269,6 +317,10 @@ def iter_building_chips(
         spec: the chip specification.
         block_size: side in grid pixels of the squares whose buildings share one read.
         progress: show a tqdm progress bar over buildings (on a terminal).
+        context: also measure each building's residual shift on the imagery around it
+            (:func:`cut_reads`); scoring does, chip preparation does not.
+        margin: pixels read around each block (:func:`cut_reads`; None: the default, which
+            chip preparation and scoring share).
 
     Yields:
         One :class:`BuildingChip` per building.
@@ -283,7 +335,7 @@ def iter_building_chips(
         for k, status, reason in plan.early:
             bar.update(1)
             yield buildings.chip(k, status, reason)
-        for b in cut_reads(scene, buildings, plan.groups, spec):
+        for b in cut_reads(scene, buildings, plan.groups, spec, context, margin):
             bar.update(1)
             yield b
 

@@ -79,6 +79,17 @@ def test_misaligned_only_from_a_measured_shift():
     assert pair_flags(pre, post, shift_px=6.0) == ["misaligned"]
     assert Flagger(measure_shift=lambda a, b: 9.0).pair(pre, post) == ["misaligned"]
     assert "misaligned" in Flagger().checks  # the alignment check of data_prep by default
+    # a shift measured around the building (source pixels) has its own limit and wins over
+    # the chips' own measurement
+    flagger = Flagger(measure_shift=lambda a, b: 9.0)
+    assert flagger.pair(pre, post, context_px=5.0) == []
+    assert flagger.pair(pre, post, context_px=float("nan")) == []
+    assert Flagger().pair(pre, post, context_px=7.0) == ["misaligned"]
+    assert flagger.batch(np.stack([pre, pre]), np.stack([post, post]), context_px=[7.0, None]) == [
+        ["misaligned"],
+        ["misaligned"],
+    ]
+    assert flagger.batch(np.stack([pre]), np.stack([post]), context_px=[1.0]) == [[]]
 
 
 def _ood_metadata(threshold: float = 0.5) -> dict:
