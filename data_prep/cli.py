@@ -101,7 +101,8 @@ def _finish(report, strict: bool) -> int:
 
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
     from data_prep.engine import EngineError
-    from data_prep.xbd import ResumeError, XbdRootError, prepare_xbd
+    from data_prep.xbd import XbdRootError, prepare_xbd
+    from data_prep.xbd_resume import ResumeError
 
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:
@@ -145,7 +146,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
 
 def _run_prepare_scene(args: argparse.Namespace) -> int:
     from data_prep.engine import EngineError
-    from data_prep.scene import prepare_scene
+    from data_prep.scene_store import prepare_scene
 
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:

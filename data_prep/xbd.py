@@ -26,16 +26,15 @@ from data_prep.imagery import ImageError, read_rgb, read_rgb_pair, split_file_me
 from data_prep.quality import BLANK, blank_reasons
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, UNCLASSIFIED, UNLABELLED, ChipSpec, parse_label
-from data_prep.store import (
-    SHARDS,
-    STORE_META,
-    safe_name,
-    start_store,
-    write_json,
-    write_manifest,
-    write_shard,
-)
+from data_prep.store import SHARDS, safe_name, start_store, write_json, write_manifest, write_shard
 from data_prep.windows import chip_window, crop_boundless, resize_chip
+from data_prep.xbd_resume import (
+    SIDECAR,
+    finished_tiles,
+    sidecar_path,
+    tile_inputs,
+    tile_options,
+)
 
 #: Split folders of the distributed xBD release, searched below each root.
 SPLITS: tuple[str, ...] = ("train", "tier3", "test", "hold")
@@ -47,14 +46,6 @@ _LABEL_NAME = re.compile(r"^(?P<tile>.+)_post_disaster\.json$", re.IGNORECASE)
 
 class XbdRootError(ValueError):
     """An xBD root that does not exist or holds no xBD tiles; the message names the folder."""
-
-
-class ResumeError(ValueError):
-    """``--resume`` into a store prepared with other options; the message says which."""
-
-
-#: Suffix of a tile's sidecar in ``shards/``: its manifest rows and report (:func:`cut_tile`).
-SIDECAR = ".rows.json"
 
 
 @dataclass(frozen=True)
@@ -359,32 +350,6 @@ def _chip_buffers(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     return tuple(b[:need].reshape(n, size, size, 3) for b in bufs)
 
 
-def sidecar_path(out: str | os.PathLike, tile_name: str) -> Path:
-    """``out/shards/<tile>.rows.json``: what :func:`cut_tile` made of the tile."""
-    return Path(out) / SHARDS / f"{safe_name(tile_name)}{SIDECAR}"
-
-
-def _options(spec: ChipSpec, include_unclassified: bool, max_pixels: int | None) -> dict:
-    """The options a tile's chips depend on, as recorded in its sidecar."""
-    return {
-        "spec": spec.to_dict(),
-        "include_unclassified": bool(include_unclassified),
-        "max_pixels": max_pixels,
-    }
-
-
-def _inputs(tile: XbdTile) -> dict:
-    """Path, size and modification time of the tile's files (None when missing)."""
-    out = {}
-    for kind, path in (("pre", tile.pre), ("post", tile.post), ("label", tile.label)):
-        try:
-            st = path.stat() if path is not None else None
-        except OSError:
-            st = None
-        out[kind] = None if st is None else [str(path), st.st_size, st.st_mtime_ns]
-    return out
-
-
 def cut_tile(
     tile: XbdTile,
     out: str | os.PathLike,
@@ -403,8 +368,8 @@ def cut_tile(
         sidecar_path(out, tile.name),
         {
             "tile": tile.name,
-            "options": _options(spec, include_unclassified, max_pixels),
-            "inputs": _inputs(tile),
+            "options": tile_options(spec, include_unclassified, max_pixels),
+            "inputs": tile_inputs(tile),
             "rows": rows,
             "report": report.to_dict(),
         },
@@ -677,7 +642,7 @@ def prepare_xbd(
 
     Raises:
         XbdRootError: a root does not exist or holds no xBD tiles.
-        ResumeError: ``resume`` into a store prepared with another chip spec or other options.
+        data_prep.xbd_resume.ResumeError: ``resume`` into a store prepared with other options.
     """
     spec = spec or ChipSpec()
     workers = None if workers is None else max(int(workers), 1)
@@ -689,9 +654,9 @@ def prepare_xbd(
     if limit is not None:
         tiles = tiles[: max(int(limit), 0)]
     out = Path(out).absolute()
-    options = _options(spec, include_unclassified, max_pixels)
+    options = tile_options(spec, include_unclassified, max_pixels)
     # checked before anything in the store changes
-    done = _finished_tiles(out, tiles, options) if resume else {}
+    done = finished_tiles(out, tiles, options) if resume else {}
     out = start_store(out)
     if not resume:
         for path in (out / SHARDS).glob(f"*{SIDECAR}"):
@@ -737,55 +702,3 @@ def prepare_xbd(
         if path.name not in current:
             path.unlink(missing_ok=True)
     return report
-
-
-def _finished_tiles(
-    out: Path, tiles: Sequence[XbdTile], options: dict
-) -> dict[str, tuple[list[dict], PrepareReport]]:
-    """``(rows, report)`` by tile name of the tiles an earlier run into ``out`` finished: a
-    sidecar naming the same input files (same size and time), and every shard its rows name.
-
-    Raises:
-        ResumeError: the store, or a tile's sidecar, was prepared with other options.
-    """
-    meta_path = out / STORE_META
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("source") != "xbd":
-            raise ResumeError(
-                f"{out} holds a chip store prepared from {meta.get('source')!r}, not xBD; "
-                "choose another --out, or leave out --resume to replace it"
-            )
-        recorded = {k: meta.get(k) for k in ("spec", "include_unclassified")}
-        _check_options(out, recorded, {k: options[k] for k in recorded})
-    done = {}
-    for tile in tiles:
-        path = sidecar_path(out, tile.name)
-        if not path.is_file():
-            continue
-        try:
-            side = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # unreadable: cut the tile again
-        _check_options(path, side.get("options"), options)
-        rows = side.get("rows", [])
-        files = {out / row[k] for row in rows for k in ("pre_file", "post_file")}
-        if side.get("inputs") != _inputs(tile) or not all(f.is_file() for f in files):
-            continue
-        done[tile.name] = (rows, PrepareReport.from_dict(side["report"]))
-    return done
-
-
-def _check_options(where: Path, recorded: dict | None, options: dict) -> None:
-    if recorded == options:
-        return
-    recorded = recorded or {}
-    differ = [
-        f"{k} {json.dumps(recorded.get(k), sort_keys=True)} (now {json.dumps(v, sort_keys=True)})"
-        for k, v in options.items()
-        if recorded.get(k) != v
-    ]
-    raise ResumeError(
-        f"cannot resume: {where} was prepared with other options: {'; '.join(differ)}; run with "
-        "the same options, or leave out --resume to prepare every tile again"
-    )

@@ -354,7 +354,7 @@ def test_a_client_killed_mid_batch_resumes(
 
 def prepare_small_parts(s, out, **kwargs):
     """`prepare scene` on the synthetic scene in parts of about 6 buildings, 4 chips a shard."""
-    from data_prep.scene import prepare_scene
+    from data_prep.scene_store import prepare_scene
 
     return prepare_scene(s.pre, s.post, s.buildings, out, label_field=s.label_field,
                          block_size=128, part_size=6, shard_size=4, progress=False,
@@ -372,7 +372,7 @@ def test_prepare_scene_in_process_embedded_and_remote_build_the_same_store(
     """The parts of a scene cut in this process, on two embedded workers and on the two workers
     of an existing scheduler give the same store byte for byte, with the same chips as one
     part holding the whole scene."""
-    from data_prep.scene import prepare_scene
+    from data_prep.scene_store import prepare_scene
     from data_prep.store import ChipReader, read_manifest
 
     s = synthetic_scene
@@ -412,7 +412,7 @@ def test_prepare_scene_in_process_embedded_and_remote_build_the_same_store(
 def test_a_failed_part_of_a_scene_is_reported_and_the_others_are_written(
     synthetic_scene, tmp_path, monkeypatch
 ):
-    import data_prep.scene as scene_module
+    import data_prep.scene_store as scene_module
     from data_prep.store import read_manifest
 
     s = synthetic_scene

@@ -20,7 +20,7 @@ import pytest
 
 from data_prep import quality
 from data_prep.mosaic import SceneError
-from data_prep.scene import prepare_scene
+from data_prep.scene_store import prepare_scene
 from data_prep.store import MANIFEST, SHARDS, read_manifest
 from data_prep.xbd import prepare_xbd
 from tests.conftest import REPO

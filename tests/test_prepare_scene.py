@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from data_prep.scene import footprint_valid, iter_building_chips, prepare_scene
+from data_prep.scene import footprint_valid, iter_building_chips
+from data_prep.scene_store import prepare_scene
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import MANIFEST, ChipReader, read_manifest, read_meta
 from data_prep.windows import chip_window

@@ -380,7 +380,7 @@ def test_resume_cuts_only_the_unfinished_tiles_and_gives_the_same_store(
 
 
 def test_resume_with_other_options_is_refused(tmp_path, capsys):
-    from data_prep.xbd import ResumeError
+    from data_prep.xbd_resume import ResumeError
 
     root = make_xbd(tmp_path / "xbd", seed=6, n_tiles=3, size=256)
     out = tmp_path / "out"

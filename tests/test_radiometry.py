@@ -17,7 +17,7 @@ import pytest
 
 from data_prep import radiometry
 from data_prep.imagery import read_rgb, read_rgb_pair, to_uint8_rgb
-from data_prep.scene import prepare_scene
+from data_prep.scene_store import prepare_scene
 from data_prep.store import ChipReader, read_manifest, read_meta
 from data_prep.xbd import prepare_xbd
 from tests.conftest import REPO, shared_data

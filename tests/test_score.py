@@ -237,7 +237,7 @@ def test_scene_chips_are_the_prepare_scene_chips(tmp_path, synthetic_scene, pred
     import geopandas as gpd
 
     from app.score import probability_columns, score_scene
-    from data_prep.scene import prepare_scene
+    from data_prep.scene_store import prepare_scene
     from data_prep.store import ChipReader, read_manifest
 
     s = synthetic_scene
