@@ -99,16 +99,28 @@ def _finish(report, strict: bool) -> int:
     return report.exit_code(strict)
 
 
+def _prepare(args: argparse.Namespace, run, errors: tuple[type[Exception], ...]) -> int:
+    """``run(max_pixels)`` -> report, with the pixel limit resolved, ``errors`` printed as one
+    line (exit status 2) and the report finished as :func:`_finish` does."""
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
+    try:
+        report = run(max_pixels)
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _finish(report, args.strict)
+
+
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
     from data_prep.engine import EngineError
     from data_prep.xbd import XbdRootError, prepare_xbd
     from data_prep.xbd_resume import ResumeError
 
-    max_pixels = resolve_max_pixels(args)
-    if max_pixels is None:
-        return 2
-    try:
-        report = prepare_xbd(
+    return _prepare(
+        args,
+        lambda max_pixels: prepare_xbd(
             args.root,
             args.out,
             spec=_spec(args),
@@ -117,11 +129,9 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
             max_pixels=max_pixels,
             scheduler=args.scheduler,
             resume=args.resume,
-        )
-    except (XbdRootError, EngineError, ResumeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return _finish(report, args.strict)
+        ),
+        (XbdRootError, EngineError, ResumeError),
+    )
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
@@ -148,11 +158,9 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
     from data_prep.engine import EngineError
     from data_prep.scene_store import prepare_scene
 
-    max_pixels = resolve_max_pixels(args)
-    if max_pixels is None:
-        return 2
-    try:
-        report = prepare_scene(
+    return _prepare(
+        args,
+        lambda max_pixels: prepare_scene(
             args.pre,
             args.post,
             args.buildings,
@@ -164,11 +172,9 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
             align=args.align,
             workers=args.workers,
             scheduler=args.scheduler,
-        )
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return _finish(report, args.strict)
+        ),
+        (EngineError,),
+    )
 
 
 def _run_split(args: argparse.Namespace) -> int:
