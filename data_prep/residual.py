@@ -127,6 +127,17 @@ def _check_pair(a: np.ndarray, b: np.ndarray, what: str) -> None:
         raise ValueError(f"pre and post {what} must have one 2-D shape, got {a.shape}, {b.shape}")
 
 
+def _luma(image: np.ndarray) -> np.ndarray:
+    """float32 ``[H, W]`` Rec. 601 luma of a uint8 RGB image by OpenCV (rounded to whole grey
+    levels, about 20 times faster than :func:`data_prep.alignment.gray` on a 512 px window), or
+    :func:`data_prep.alignment.gray` of anything else."""
+    import cv2
+
+    if image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3:
+        return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
+    return gray(image)
+
+
 def chip_shift(pre: np.ndarray, post: np.ndarray, search: float = CHIP_SEARCH) -> ChipShift:
     """The shift of a post chip relative to its pre chip, by template matching.
 
@@ -205,7 +216,7 @@ def context_shift(
     """
     import cv2
 
-    a, b = gray(pre), gray(post)
+    a, b = _luma(pre), _luma(post)
     _check_pair(a, b, "windows")
     factor = max(int(factor), 1)
     if factor > 1:
@@ -225,6 +236,18 @@ def context_shift(
     return ChipShift(float(dx * factor), float(dy * factor), peak, zero, float(r * factor))
 
 
+def _fill_mean(window: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """A copy of a uint8 window with its pixels outside ``valid`` set to the mean of the others."""
+    import cv2
+
+    mask = valid.astype(np.uint8)
+    mean = cv2.mean(window, mask=mask)[: window.shape[2] if window.ndim == 3 else 1]
+    out = np.empty_like(window)
+    out[...] = np.round(mean).astype(window.dtype) if window.ndim == 3 else round(mean[0])
+    cv2.copyTo(window, mask, out)
+    return out
+
+
 def context_residual(pre: np.ndarray, post: np.ndarray, valid: np.ndarray | None = None) -> float:
     """Length in source pixels of the shift of a building's context windows
     (:func:`context_shift`), NaN when its peak is on the edge of the search range or its
@@ -239,9 +262,7 @@ def context_residual(pre: np.ndarray, post: np.ndarray, valid: np.ndarray | None
     if valid is not None and not valid.all():
         if not valid.any():
             return math.nan
-        pre, post = pre.copy(), post.copy()
-        for window in (pre, post):
-            window[~valid] = window[valid].mean(axis=0).round().astype(window.dtype)
+        pre, post = _fill_mean(pre, valid), _fill_mean(post, valid)
     s = context_shift(pre, post)
     return s.length if s.inside and s.ncc >= CONTEXT_MIN_NCC else math.nan
 
