@@ -701,4 +701,7 @@ def prepare_xbd(
     for path in (out / SHARDS).glob(f"*{SIDECAR}"):  # tiles no longer in the run
         if path.name not in current:
             path.unlink(missing_ok=True)
+    # a sidecar's temporary left by a worker killed while writing it (the tile was cut again)
+    for path in (out / SHARDS).glob(f".*{SIDECAR}.*"):
+        path.unlink(missing_ok=True)
     return report

@@ -373,10 +373,14 @@ def test_resume_cuts_only_the_unfinished_tiles_and_gives_the_same_store(
     assert main([str(a) for a in args] + ["--resume"]) == 0
     assert cut == [tiles[3]]
 
-    # without --resume every tile is cut again
+    # without --resume every tile is cut again, and a sidecar's temporary that a worker killed
+    # while writing it left behind is removed
     cut.clear()
+    leftover = shards / f".{tiles[4]}.rows.json.k1ll3d.json"
+    leftover.write_bytes(b"")
     assert main([str(a) for a in args]) == 0
     assert len(cut) == 6
+    assert not leftover.exists()
 
 
 def test_resume_with_other_options_is_refused(tmp_path, capsys):
