@@ -235,7 +235,13 @@ def format_result(result: dict[str, Any]) -> str:
             f"  {t['tile']:<36} {t['n']:>4}  {shift:<18} "
             f"{'corrected' if t['applied'] else 'not corrected'}; flagged "
             f"{t['context_flagged']}, median {t['context_median_px']:.2f} px"
-            + ("" if t["lined_up"] else " (misregistered: median past the limit)")
+            + (
+                ""
+                if t["lined_up"]
+                else " (misregistered: median past the limit)"
+                if math.isfinite(t["context_median_px"])
+                else " (no measurement: the windows match nowhere)"
+            )
         )
     lined = ctx["false_alarms_lined_up"]
     lines += [
@@ -243,7 +249,7 @@ def format_result(result: dict[str, Any]) -> str:
         f"around each building (scoring; residual shift > {ctx['limit_px']:g} source px):",
         f"  false alarms, tile shift corrected: {ctx['false_alarms']:.2%} of all buildings, "
         + ("-" if lined is None else f"{lined:.2%}")
-        + f" of the {ctx['lined_up']} on tiles that line up (median within the limit)",
+        + f" of the {ctx['lined_up']} on tiles that line up (median measured, within the limit)",
         f"  measured on {ctx['measured']:.1%} of the pairs; percentiles "
         + ", ".join(f"{q}%: {v} px" for q, v in ctx["residual_px_percentiles"].items()),
         "  detection when the post image under the building is moved by",
