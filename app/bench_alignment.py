@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,22 +70,22 @@ def _tile_images(roots: list[Path], tile: str):
 
 def bench_alignment(
     chips: str | Path,
-    fold: int | None = 1,
+    fold: int | Sequence[int] | None = 1,
     shifts: tuple[float, ...] = (4.0, 8.0, 16.0),
     limit_px: float = MISALIGNED_PX,
     seed: int = 0,
     context_shifts: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0),
     context_limit_px: float = MISALIGNED_CONTEXT_PX,
-    folds: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """Figures of the ``misaligned`` flag on a fold of an xBD chip store (see the module doc);
-    ``folds`` (several folds together) replaces ``fold`` when given."""
+    """Figures of the ``misaligned`` flag on a fold (or several folds together, or every chip
+    with None) of an xBD chip store (see the module doc)."""
     from app.bench_flags import _fold_records, shift_chip
     from data_prep.alignment import align_images
     from data_prep.residual import (
         CONTEXT_SIDE,
         context_residual,
         context_window,
+        image_context_residual,
         residual_shift,
     )
     from data_prep.store import ChipReader, read_meta
@@ -94,12 +95,10 @@ def bench_alignment(
     meta = read_meta(chips)
     size = int(meta["spec"]["chip_size"])
     roots = [Path(r) for r in meta.get("roots", [])]
-    if folds:
-        records = [r for f in folds for r in _fold_records(chips, f)[0]]
-    else:
-        records, _ = _fold_records(chips, fold)
+    folds = [fold] if fold is None or isinstance(fold, int) else list(fold)
+    records = [r for f in folds for r in _fold_records(chips, f)[0]]
     if not records:
-        raise ValueError(f"{chips}: fold {folds or fold} holds no chips")
+        raise ValueError(f"{chips}: fold {fold} holds no chips")
     reader = ChipReader(chips)
     rng = np.random.default_rng(seed)
     by_tile: dict[str, list[dict]] = {}
@@ -119,20 +118,16 @@ def bench_alignment(
             w = ChipWindow(int(r["win_col"]), int(r["win_row"]), int(r["win_size"]))
             fixed_pre.append(resize_chip(crop_boundless(pre_img, w), size))
             fixed_post.append(resize_chip(crop_boundless(post_fixed, w), size))
-            half = w.size / 2
-            cw = context_window(
-                (w.col_off + half, w.row_off + half), max(CONTEXT_SIDE, w.size), pre_img.shape[:2]
-            )
+            centre = (w.col_off + w.size / 2, w.row_off + w.size / 2)
+            cw = context_window(centre, max(CONTEXT_SIDE, w.size), pre_img.shape[:2])
             pre_window = crop_boundless(pre_img, cw)
             for s, values in context.items():
                 angle = rng.uniform(0, 2 * np.pi)
-                dx, dy = s * np.cos(angle), s * np.sin(angle)
-                post_window = (
-                    crop_boundless(post_fixed, cw)
-                    if s == 0
-                    else moved_window(post_fixed, cw, dx, dy)
-                )
-                values.append(context_residual(pre_window, post_window))
+                if s == 0:  # the real pair, measured as scoring measures it
+                    values.append(image_context_residual(pre_img, post_fixed, centre, w.size))
+                    continue
+                moved = moved_window(post_fixed, cw, s * np.cos(angle), s * np.sin(angle))
+                values.append(context_residual(pre_window, moved))
 
     def rate(values, limit) -> float:
         return float(np.mean([misaligned_flag(v, limit) for v in values]))
@@ -160,7 +155,7 @@ def bench_alignment(
         lined_up[tile_of == i] = t["lined_up"]
     return {
         "chips": str(chips),
-        "fold": list(folds) if folds else fold,
+        "fold": fold if fold is None or isinstance(fold, int) else list(fold),
         "n": len(records),
         "seed": seed,
         "tiles": [
@@ -329,17 +324,15 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    folds = tuple(args.fold)
     try:
         result = bench_alignment(
             args.chips,
-            folds[0],
+            args.fold[0] if len(args.fold) == 1 else tuple(args.fold),
             tuple(args.shifts),
             args.limit,
             args.seed,
             tuple(args.context_shifts),
             args.context_limit,
-            folds if len(folds) > 1 else None,
         )
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -205,8 +205,8 @@ def context_shift(
 
     Args:
         pre, post: uint8 ``[S, S, 3]`` (or grey) windows of one size, cut from the pre image and
-            the corrected post image (zero fill past the imagery is allowed: it lies at the
-            same place in both).
+            the corrected post image (pixels without data are best set to the window's mean
+            first, as :func:`context_residual` does).
         search: the largest shift looked for, in source pixels.
         factor: the averaging factor (1: full resolution).
 
@@ -268,17 +268,24 @@ def context_residual(pre: np.ndarray, post: np.ndarray, valid: np.ndarray | None
 
 
 def image_context_residual(
-    pre_img: np.ndarray, post_img: np.ndarray, centre: tuple[float, float], side: int = 0
+    pre_img: np.ndarray,
+    post_img: np.ndarray,
+    centre: tuple[float, float],
+    side: int = 0,
+    valid: np.ndarray | None = None,
 ) -> float:
     """:func:`context_residual` of the windows around ``centre`` (column, row) of a pre image
     and its corrected post image of one grid (:func:`context_window`: kept inside the images
-    where they are large enough; what lies past their edges is left out of the match); the
-    windows are :data:`CONTEXT_SIDE` px, or ``side`` (a large building's chip window) when
-    larger."""
+    where they are large enough); the windows are :data:`CONTEXT_SIDE` px, or ``side`` (a large
+    building's chip window) when larger. What lies past the images' edges, or outside ``valid``
+    (bool ``[H, W]``: where both images hold data), is left out of the match."""
     from data_prep.windows import crop_boundless, window_overlap
 
     w = context_window(centre, max(CONTEXT_SIDE, int(side)), pre_img.shape[:2])
-    valid = np.zeros((w.size, w.size), dtype=bool)
-    _, _, dst_r, dst_c = window_overlap(w, *pre_img.shape[:2])
-    valid[dst_r, dst_c] = True
-    return context_residual(crop_boundless(pre_img, w), crop_boundless(post_img, w), valid)
+    if valid is not None:
+        mask = crop_boundless(valid, w)  # False past the edges
+    else:
+        mask = np.zeros((w.size, w.size), dtype=bool)
+        _, _, dst_r, dst_c = window_overlap(w, *pre_img.shape[:2])
+        mask[dst_r, dst_c] = True
+    return context_residual(crop_boundless(pre_img, w), crop_boundless(post_img, w), mask)

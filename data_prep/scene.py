@@ -227,7 +227,7 @@ def cut_reads(
     for scoring identical to chips cut for training. With ``context`` every chip comes with its
     building's residual shift measured there (:attr:`BuildingChip.context_px`).
     """
-    from data_prep.residual import CONTEXT_SIDE, context_residual, context_window
+    from data_prep.residual import CONTEXT_SIDE, image_context_residual
 
     windows, bounds = buildings.windows, buildings.bounds
     for members in groups:
@@ -265,17 +265,8 @@ def cut_reads(
                 continue
             shift = None
             if context:
-                half = w.size / 2
-                cw = context_window(
-                    (local.col_off + half, local.row_off + half),
-                    max(CONTEXT_SIDE, w.size),
-                    pre_rgb.shape[:2],
-                )
-                shift = context_residual(
-                    crop_boundless(pre_rgb, cw),
-                    crop_boundless(post_rgb, cw),
-                    crop_boundless(both, cw),
-                )
+                centre = (local.col_off + w.size / 2, local.row_off + w.size / 2)
+                shift = image_context_residual(pre_rgb, post_rgb, centre, w.size, valid=both)
             yield buildings.chip(k, CHIP, pre=pre, post=post, context_px=shift)
 
 

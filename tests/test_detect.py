@@ -212,6 +212,8 @@ def test_predict_windows_stitch_without_seams(loc, tmp_path, shape, scale):
     image = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
     prob = model.predict(image)
     assert prob.shape == shape and prob.dtype == np.float32
+    # one window per runtime call (the default) or several: the same answer
+    np.testing.assert_array_equal(model.predict(image, batch_size=3), prob)
     small = (
         image
         if scale == 1.0
