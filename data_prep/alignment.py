@@ -15,6 +15,12 @@ looks like change. Two measurements, both on grey images (Rec. 601 luma):
   remaining blocks, kept only when at least :data:`MIN_BLOCKS` blocks agree with it to within
   :data:`AGREE_PX` and they are at least half of the confident ones. The spread (median distance
   of the agreeing blocks from the scene shift) says how uniform the shift is.
+- **Second measurement** when the phase-correlation blocks do not agree: the same blocks are
+  matched again by normalised cross-correlation of half-resolution, blurred grey images
+  (:func:`block_shift_ncc`, the measure :mod:`data_prep.residual` uses around buildings, within
+  ``±CONTEXT_SEARCH`` px), which is steadier where the two views differ a little everywhere
+  (relief, leaning buildings, another off-nadir angle); the same agreement rule decides, and the
+  report's ``method`` says which measurement the shift comes from.
 - **Correction** (:func:`align_scene`): when the scene shift is confident and longer than
   :data:`MIN_CORRECT_PX` it is applied to the post mosaic's warp
   (:meth:`data_prep.mosaic.Mosaic.set_offset`): the post tiles are read as if their transform were
@@ -153,6 +159,48 @@ def block_shift(
     return BlockShift(float(dx), float(dy), float(response), size=w, confident=ok)
 
 
+def block_shift_ncc(pre: np.ndarray, post: np.ndarray) -> BlockShift:
+    """Shift of a post block by normalised cross-correlation of half-resolution, blurred grey
+    blocks (:func:`data_prep.residual.context_shift`, within ``±CONTEXT_SEARCH`` px): the second
+    measurement, used when the phase-correlation blocks do not agree. ``response`` is the peak
+    correlation; confident when it is at least ``CONTEXT_MIN_NCC`` and the peak is not on the
+    edge of the search range. Flat blocks and blocks too small to search give NaN."""
+    from data_prep.residual import CONTEXT_MIN_NCC, context_shift
+
+    a, b = gray(pre), gray(post)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"pre and post blocks must have one 2-D shape, got {a.shape}, {b.shape}")
+    if min(float(a.std()), float(b.std())) < MIN_TEXTURE:
+        return BlockShift(math.nan, math.nan, 0.0, size=a.shape[1])
+    try:
+        s = context_shift(np.clip(a, 0, 255).astype(np.uint8), np.clip(b, 0, 255).astype(np.uint8))
+    except ValueError:  # too small for the search range
+        return BlockShift(math.nan, math.nan, 0.0, size=a.shape[1])
+    ok = bool(s.inside and s.ncc >= CONTEXT_MIN_NCC)
+    return BlockShift(s.dx, s.dy, float(s.ncc), size=a.shape[1], confident=ok)
+
+
+def combine_measurements(
+    pairs: Sequence[tuple[np.ndarray, np.ndarray, int, int]], blocks: Sequence[BlockShift]
+) -> SceneShift:
+    """:func:`combine_blocks` of the phase-correlation ``blocks``; when they do not agree, the
+    same blocks (``pairs``: pre block, post block, col, row) measured again by
+    :func:`block_shift_ncc`, kept when those agree (``method`` ``correlation``)."""
+    out = combine_blocks(blocks)
+    if out.confident or not pairs:
+        return out
+    second = []
+    for pre, post, col, row in pairs:
+        b = block_shift_ncc(pre, post)
+        second.append(BlockShift(b.dx, b.dy, b.response, col, row, b.size, b.confident))
+    alt = combine_blocks(second)
+    if not alt.confident:
+        return out
+    alt.method = "correlation"
+    alt.reason = f"{alt.reason} (by correlation; phase correlation was {out.reason})"
+    return alt
+
+
 @dataclass
 class SceneShift:
     """The post-to-pre shift of a scene and whether it was applied.
@@ -183,6 +231,7 @@ class SceneShift:
     response: float = math.nan
     blocks: list[BlockShift] = field(default_factory=list)
     agreeing: int = 0
+    method: str = "phase"
 
     @property
     def length_px(self) -> float:
@@ -203,6 +252,7 @@ class SceneShift:
             "applied": self.applied,
             "confident": self.confident,
             "reason": self.reason,
+            "method": self.method,
             "shift_px": {"dx": num(self.dx), "dy": num(self.dy), "length": num(self.length_px)},
             f"shift_{_unit_key(self.units)}": {
                 "east": num(self.dx * self.res),
@@ -384,21 +434,22 @@ def estimate_scene_shift(
     # a block is one read window: keep it inside the scene's pixel limit (the guard against
     # oversized reads refuses anything larger)
     block = max(1, min(block, math.isqrt(scene.max_pixels)))
-    out = combine_blocks(_measure_blocks(scene, choose_blocks(scene, centroids, block, max_blocks)))
+    out = _measure_blocks(scene, choose_blocks(scene, centroids, block, max_blocks))
     out.res = scene.grid.res
     out.units = _linear_units(scene.grid.crs)
     return out
 
 
-def _measure_blocks(scene: Scene, cells: Sequence[tuple[int, int, int]]) -> list[BlockShift]:
-    blocks = []
+def _measure_blocks(scene: Scene, cells: Sequence[tuple[int, int, int]]) -> SceneShift:
+    blocks, pairs = [], []
     for col, row, size in cells:
         pre, pre_valid, post, post_valid = scene.read_pair(col, row, size, size)
         if (pre_valid & post_valid).mean() < BLOCK_COVERED:
             continue
         b = block_shift(pre, post)
         blocks.append(BlockShift(b.dx, b.dy, b.response, col, row, size, b.confident))
-    return blocks
+        pairs.append((pre, post, col, row))
+    return combine_measurements(pairs, blocks)
 
 
 def _linear_units(crs) -> str:
@@ -492,13 +543,13 @@ def align_images(
     if mode == OFF:
         return post, SceneShift(mode=OFF, res=res, units=units, reason="off")
     h, w = pre.shape[:2]
-    blocks = []
+    blocks, pairs = [], []
     for col, row, size in image_blocks(h, w, block, max_blocks):
-        b = block_shift(
-            pre[row : row + size, col : col + size], post[row : row + size, col : col + size]
-        )
-        blocks.append(BlockShift(b.dx, b.dy, b.response, col, row, size, b.confident))
-    shift = combine_blocks(blocks)
+        a, b = pre[row : row + size, col : col + size], post[row : row + size, col : col + size]
+        m = block_shift(a, b)
+        blocks.append(BlockShift(m.dx, m.dy, m.response, col, row, size, m.confident))
+        pairs.append((a, b, col, row))
+    shift = combine_measurements(pairs, blocks)
     shift.res, shift.units = res, units
     if not shift.applied:
         return post, shift

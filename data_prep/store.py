@@ -106,10 +106,11 @@ def write_shard(
     return rel[0], rel[1]
 
 
-def write_json(path: str | os.PathLike, obj: object) -> None:
-    """Write JSON atomically."""
+def write_json(path: str | os.PathLike, obj: object, indent: int | None = 2) -> None:
+    """Write JSON atomically (``indent=None``: one compact line, which the C encoder writes
+    many times faster than the indented form: use it for machine files with many rows)."""
     with atomic_path(path, suffix=".json") as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
 
 
 def write_manifest(

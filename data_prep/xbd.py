@@ -373,6 +373,7 @@ def cut_tile(
             "rows": rows,
             "report": report.to_dict(),
         },
+        indent=None,  # one line: indenting the rows took ~12% of a one-worker `prepare xbd`
     )
     return rows, report
 

@@ -9,7 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from data_prep.alignment import BlockShift, align_images, block_shift, combine_blocks
+from data_prep.alignment import (
+    BlockShift,
+    align_images,
+    block_shift,
+    block_shift_ncc,
+    combine_blocks,
+    combine_measurements,
+)
 from data_prep.residual import (
     CONTEXT_SIDE,
     ChipShift,
@@ -117,6 +124,35 @@ def test_no_correction_without_confidence_or_below_a_pixel():
     shift = combine_blocks(small)
     assert shift.confident and not shift.applied
     assert json.loads(json.dumps(shift.to_dict(), allow_nan=False))["applied"] is False
+
+
+def test_blocks_measured_again_by_correlation_when_phase_correlation_disagrees():
+    big = _texture(900, seed=7)
+    moved = _moved(big, 4.0, -3.0)
+    cells = [(c, r) for r in (50, 330) for c in (50, 330)]
+    pairs = [
+        (big[r : r + 512, c : c + 512], moved[r : r + 512, c : c + 512], c, r) for c, r in cells
+    ]
+    one = block_shift_ncc(pairs[0][0], pairs[0][1])
+    assert one.confident and abs(one.dx - 4) < 1 and abs(one.dy + 3) < 1, one
+    # phase-correlation blocks that do not agree: the correlation blocks decide
+    scattered = [
+        BlockShift(x, y, 0.2, confident=True) for x, y in ((5, 0), (-9, 3), (2, 12), (0, -6))
+    ]
+    shift = combine_measurements(pairs, scattered)
+    assert shift.applied and shift.method == "correlation", shift.reason
+    assert abs(shift.dx - 4) < 1 and abs(shift.dy + 3) < 1
+    assert "by correlation" in shift.reason and shift.to_dict()["method"] == "correlation"
+    # phase-correlation blocks that agree are kept as they are
+    agreeing = [BlockShift(4.1, -2.9, 0.2, confident=True)] * 4
+    assert combine_measurements(pairs, agreeing).method == "phase"
+    # unrelated imagery: neither measurement agrees, nothing applied, the first reason kept
+    other = _texture(900, seed=8)
+    unrelated = [(a, other[r : r + 512, c : c + 512], c, r) for (a, _, c, r) in pairs]
+    shift = combine_measurements(unrelated, scattered)
+    assert not shift.applied and shift.method == "phase" and "not confident" in shift.reason
+    flat = np.full((256, 256, 3), 90, np.uint8)
+    assert not block_shift_ncc(flat, flat).confident
 
 
 def test_align_images_corrects_a_shifted_post():
@@ -227,6 +263,32 @@ def test_joplin_post_moved_through_its_transform(tmp_path):
 
 
 @pytest.mark.realdata
+def test_real_tile_aligned_by_correlation_when_phase_correlation_disagrees():
+    """santa-rosa-wildfire_00000366: the phase-correlation blocks scatter (4 of 9 agree), the
+    correlation blocks agree on about (0.3, 2.0) px; the correction brings the buildings'
+    residual shifts from a median of about 2.5 px to under 1 px."""
+    import cv2
+
+    from data_prep.residual import image_context_residual
+    from data_prep.xbd import find_tiles, read_tile_image
+
+    root = shared_data("xbd_sample")
+    tile = {t.name: t for t in find_tiles(root)[0]}.get("santa-rosa-wildfire_00000366")
+    if tile is None:
+        pytest.skip("santa-rosa-wildfire_00000366 is not in the xBD sample")
+    pre, post = read_tile_image(tile.pre), read_tile_image(tile.post)
+    fixed, shift = align_images(pre, post)
+    assert shift.applied and shift.method == "correlation", shift.reason
+    assert abs(shift.dx) < 1.5 and 1.0 < shift.dy < 3.0, (shift.dx, shift.dy)
+    mask = cv2.cvtColor(pre, cv2.COLOR_RGB2GRAY) > 0
+    ys, xs = np.nonzero(mask[::128, ::128])
+    centres = [(x * 128 + 64.0, y * 128 + 64.0) for x, y in zip(xs, ys, strict=True)]
+    before = np.nanmedian([image_context_residual(pre, post, c, 64) for c in centres])
+    after = np.nanmedian([image_context_residual(pre, fixed, c, 64) for c in centres])
+    assert after < 1.0 < before, (before, after)
+
+
+@pytest.mark.realdata
 def test_bench_alignment_on_the_bundled_chip_store():
     from app.bench_alignment import bench_alignment, format_result
     from tests.conftest import REPO
@@ -235,7 +297,7 @@ def test_bench_alignment_on_the_bundled_chip_store():
     chips = REPO / "work" / "default-model" / "chips"
     if not (chips / "manifest.csv").is_file():
         pytest.skip(f"{chips} not present (make default-chips)")
-    result = bench_alignment(chips, fold=1, shifts=(4.0, 16.0), context_shifts=(4.0, 12.0))
+    result = bench_alignment(chips, fold=1, shifts=(4.0, 16.0), context_shifts=(4.0, 8.0))
     assert result["n"] > 100 and len(result["tiles"]) >= 2
     chip = result["chip"]
     assert 0 <= chip["false_alarms"]["corrected"] <= 1
@@ -244,7 +306,7 @@ def test_bench_alignment_on_the_bundled_chip_store():
     # around the building (scoring): the goals of docs/flags.md on the held-out tiles
     ctx = result["context"]
     assert ctx["false_alarms_lined_up"] <= 0.02, ctx
-    assert [c["shift_px"] for c in ctx["cases"]] == [4.0, 12.0]
+    assert [c["shift_px"] for c in ctx["cases"]] == [4.0, 8.0]
     assert ctx["cases"][1]["detected"] >= 0.95 > ctx["cases"][0]["detected"], ctx
     text = format_result(result)
     assert "false alarms" in text and "misregistered" in text
