@@ -173,7 +173,7 @@ def block_shift_ncc(pre: np.ndarray, post: np.ndarray) -> BlockShift:
     if min(float(a.std()), float(b.std())) < MIN_TEXTURE:
         return BlockShift(math.nan, math.nan, 0.0, size=a.shape[1])
     try:
-        s = context_shift(np.clip(a, 0, 255).astype(np.uint8), np.clip(b, 0, 255).astype(np.uint8))
+        s = context_shift(pre, post)
     except ValueError:  # too small for the search range
         return BlockShift(math.nan, math.nan, 0.0, size=a.shape[1])
     ok = bool(s.inside and s.ncc >= CONTEXT_MIN_NCC)
