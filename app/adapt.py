@@ -15,11 +15,17 @@ cross-validated macro-F1 did, see docs/adapt.md):
   model's judgement is a feature the regression can keep or overrule.
 
 Every head is linear in ``[z, log p_base(c | labelled classes)]`` and scores only the classes
-that have labels (``L``). Classes without a label keep the base model's behaviour exactly:
-``p(c) = p_base(c)`` for ``c`` not in ``L``, and the base mass ``m_L = sum_{c in L} p_base(c)`` is
-shared among the labelled classes by the head: ``p(c) = m_L * q(c)`` for ``c`` in ``L``, where
-``p_base = softmax(raw_logits / T0)`` with the base model's temperature ``T0``. A building the base
-model gives an unlabelled class with probability above 0.5 therefore keeps that grade.
+that have labels (``L``). A class without a label keeps the base model's probability, discounted
+by what the labels say against it (:data:`UNLABELLED_RULES`; ``discount`` by default):
+``p(c) = rho_c * p_base(c)`` for ``c`` not in ``L``, with ``rho_c = A / (A + e_c)``, where
+``e_c = sum_i p_base(c | x_i)`` is how many of the labelled buildings the base model expected in
+class ``c`` (none was) and ``A`` = :data:`UNLABELLED_PSEUDO_COUNT` labels of prior weight. A class
+the base model did not expect among the labelled buildings keeps its probability (``rho`` near
+1); one it expected often (it called many of them ``c``, and the analyst said otherwise) is
+scaled down, but never to zero. With ``keep``, ``rho_c = 1``: exactly the base probability. The
+rest of the probability, ``1 - sum_{c not in L} rho_c * p_base(c)``, is shared among the
+labelled classes by the head: ``p(c) = m_L * q(c)`` for ``c`` in ``L``, where
+``p_base = softmax(raw_logits / T0)`` with the base model's temperature ``T0``.
 
 Where it lives: the ``adaptation`` metadata prop of the model file (:mod:`app.adapted`),
 read by :class:`app.predictor.Predictor`, which returns the head's scores as ``logits`` and their
@@ -45,6 +51,11 @@ import numpy as np
 METADATA_KEY = "adaptation"
 #: The heads tried, simplest first (ties go to the earlier one).
 METHODS = ("base", "prototype", "logistic", "logistic+prior")
+#: What happens to a class without a label (module docstring): ``discount`` its base probability
+#: by the evidence of the labels, or ``keep`` it exactly.
+UNLABELLED_RULES = ("discount", "keep")
+#: ``A`` of the ``discount`` rule: prior weight, in labels, of the base model's view of a class.
+UNLABELLED_PSEUDO_COUNT = 1.0
 #: Weight, in labelled buildings, of the base model's prototype of a class in the ``prototype`` head.
 PROTOTYPE_PRIOR = 5.0
 #: Inverse regularisation strength of the logistic heads (features are standardised).
@@ -99,6 +110,8 @@ class Head:
         bias: float64 ``[|L|]``.
         base_temperature: ``T0`` of the base model's probabilities (1 when uncalibrated).
         k: the number of classes of the model.
+        discount: float64 ``[K]``: ``rho_c`` of each class without a label (1 for the labelled
+            classes, and for every class under the ``keep`` rule); None: all ones.
     """
 
     method: str
@@ -107,6 +120,11 @@ class Head:
     bias: np.ndarray
     base_temperature: float
     k: int
+    discount: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.discount is None:
+            self.discount = np.ones(self.k)
 
     def features(self, raw_logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
         """``[N, D + |L|]`` head input of raw ``[N, K]`` logits and ``[N, D]`` embeddings."""
@@ -119,10 +137,15 @@ class Head:
         b = log_softmax(np.asarray(raw_logits, np.float64) / self.base_temperature)
         if len(b) == 0:
             return b
-        out = b.copy()
-        mass = _logsumexp(b[:, self.classes]) if len(self.classes) < self.k else 0.0
+        rho = np.asarray(self.discount, np.float64)
+        out = b + np.log(rho)[None, :]
+        others = [c for c in range(self.k) if c not in self.classes]
+        # m_L = sum_{c in L} p_base(c) + sum_{c not in L} (1 - rho_c) p_base(c), in logs
+        with np.errstate(divide="ignore"):  # rho = 1 frees nothing: log 0
+            freed = b[:, others] + np.log1p(-rho[others])[None, :]
+        mass = _logsumexp(np.hstack([b[:, self.classes], freed]))[:, None]
         q = log_softmax(self.features(raw_logits, embedding) @ self.weights.T + self.bias)
-        out[:, self.classes] = np.asarray(mass).reshape(-1, 1) + q
+        out[:, self.classes] = mass + q
         return out
 
     def scores(self, raw_logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
@@ -136,6 +159,7 @@ class Head:
             "weights": [[round(float(v), 7) for v in row] for row in self.weights],
             "bias": [round(float(v), 7) for v in self.bias],
             "base_temperature": float(self.base_temperature),
+            "unlabelled_discount": [round(float(v), 7) for v in self.discount],
             "features": FEATURES,
         }
 
@@ -156,6 +180,8 @@ def read_head(metadata: Mapping[str, Any], k: int, d: int, path: str | os.PathLi
         w = np.asarray(head["weights"], dtype=np.float64)
         b = np.asarray(head["bias"], dtype=np.float64)
         t = float(head["base_temperature"])
+        # models adapted before the discount rule existed kept unlabelled classes exactly
+        rho = np.asarray(head.get("unlabelled_discount", [1.0] * k), dtype=np.float64)
         problem = None
         if not classes or sorted(set(classes)) != classes or not 0 <= classes[0] <= classes[-1] < k:
             problem = f"class_ids {classes} are not sorted distinct ids in [0, {k})"
@@ -165,6 +191,8 @@ def read_head(metadata: Mapping[str, Any], k: int, d: int, path: str | os.PathLi
             problem = "bias has the wrong length, or the head holds NaN or inf"
         elif not (math.isfinite(t) and t > 0):
             problem = f"base_temperature {t} is not a positive number"
+        elif rho.shape != (k,) or not ((rho > 0) & (rho <= 1)).all():
+            problem = f"unlabelled_discount {rho.tolist()} is not {k} factors in (0, 1]"
     except (TypeError, KeyError, ValueError) as exc:
         problem = f"unreadable head ({type(exc).__name__}: {exc})"
     if problem:
@@ -172,7 +200,7 @@ def read_head(metadata: Mapping[str, Any], k: int, d: int, path: str | os.PathLi
             f"{path}: metadata {METADATA_KEY}: {problem}; adapt the base model again with "
             "`local-damage adapt`"
         )
-    return Head(str(head.get("method", "?")), classes, w, b, t, k)
+    return Head(str(head.get("method", "?")), classes, w, b, t, k, rho)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +246,22 @@ def _fit_scale(cos: np.ndarray, y_pos: np.ndarray) -> float:
     return math.exp(float(minimize_scalar(nll, bounds=(0.0, math.log(200.0)), method="bounded").x))
 
 
+def unlabelled_discount(
+    raw_logits: np.ndarray,
+    classes: Sequence[int],
+    k: int,
+    base_temperature: float = 1.0,
+    pseudo_count: float = UNLABELLED_PSEUDO_COUNT,
+) -> np.ndarray:
+    """``rho`` ``[K]`` of the ``discount`` rule for the labelled buildings' raw logits: for a class
+    without a label, ``A / (A + e_c)`` with ``e_c`` the base model's expected count of that class
+    among them; 1 for the labelled ``classes``."""
+    p = np.exp(log_softmax(np.asarray(raw_logits, np.float64) / base_temperature))
+    rho = pseudo_count / (pseudo_count + p.sum(axis=0))
+    rho[list(classes)] = 1.0
+    return rho
+
+
 def fit_head(
     method: str,
     raw_logits: np.ndarray,
@@ -227,6 +271,7 @@ def fit_head(
     base_temperature: float = 1.0,
     base_prototypes: Mapping[int, np.ndarray] | None = None,
     c: float = LOGISTIC_C,
+    unlabelled: str = "discount",
 ) -> Head:
     """Fit one head to labelled buildings.
 
@@ -239,7 +284,13 @@ def fit_head(
         base_temperature: the base model's ``T0``.
         base_prototypes: class id -> ``[D]`` base prototype (the model's ``ood`` block).
         c: inverse regularisation strength of the logistic heads.
+        unlabelled: one of :data:`UNLABELLED_RULES`.
     """
+    if unlabelled not in UNLABELLED_RULES:
+        raise AdaptError(
+            f"unknown rule {unlabelled!r} for unlabelled classes; the rules are "
+            f"{', '.join(UNLABELLED_RULES)}"
+        )
     if method not in METHODS:
         raise AdaptError(f"unknown head {method!r}; the heads are {', '.join(METHODS)}")
     y = np.asarray(labels, dtype=np.int64)
@@ -247,6 +298,8 @@ def fit_head(
     d = np.asarray(embedding).shape[1]
     nl = len(classes)
     head = Head(method, classes, np.zeros((nl, d + nl)), np.zeros(nl), base_temperature, k)
+    if unlabelled == "discount":
+        head.discount = unlabelled_discount(raw_logits, classes, k, base_temperature)
     x = head.features(raw_logits, embedding)
     if method == "base" or nl == 1:
         head.weights[:, d:] = np.eye(nl)
@@ -325,6 +378,7 @@ def adapt_head(
     base_prototypes: Mapping[int, np.ndarray] | None = None,
     methods: Sequence[str] = METHODS,
     seed: int = 0,
+    unlabelled: str = "discount",
 ) -> Adaptation:
     """Cross-validate every head of ``methods`` on the labels, keep the best, fit it on all.
 
@@ -337,9 +391,11 @@ def adapt_head(
         base_prototypes: class id -> base prototype, for the ``prototype`` head.
         methods: the heads to try (:data:`METHODS`).
         seed: seed of the k-fold split.
+        unlabelled: what happens to classes without a label (:data:`UNLABELLED_RULES`).
 
     Raises:
-        AdaptError: fewer than two labels, labels of a single class, or bad shapes.
+        AdaptError: fewer than two labels, labels of a single class, bad shapes, or an unknown
+            head or rule.
     """
     import scipy.optimize  # noqa: F401  (imports are not fitting time)
     import sklearn.linear_model  # noqa: F401
@@ -365,26 +421,49 @@ def adapt_head(
             f"labels must be class ids in [0, {k}), got {int(y.min())}..{int(y.max())}"
         )
     present = sorted({int(v) for v in y})
-    if len(y) < 2 or len(present) < 2:
-        raise AdaptError(
-            f"{len(y)} label(s) of {len(present)} class(es): the head needs labelled buildings of "
-            "at least two classes to learn anything the base model does not already say"
-        )
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise AdaptError(f"unknown head(s) {unknown}; the heads are {', '.join(METHODS)}")
+    if unlabelled not in UNLABELLED_RULES:
+        raise AdaptError(
+            f"unknown rule {unlabelled!r} for unlabelled classes; the rules are "
+            f"{', '.join(UNLABELLED_RULES)}"
+        )
+    if len(y) < 2 or (len(present) < 2 and unlabelled == "keep"):
+        raise AdaptError(
+            f"{len(y)} label(s) of {len(present)} class(es): the head needs at least two labels, "
+            "and with --unlabelled keep labelled buildings of at least two classes, to learn "
+            "anything the base model does not already say"
+        )
+    if len(present) == 1:  # nothing to choose between: the base model, the others discounted
+        head = fit_head("base", lo, z, y, k, base_temperature, unlabelled=unlabelled)
+        train = {
+            "chosen": _metrics(head.log_probabilities(lo, z), y),
+            "base": _metrics(log_softmax(lo / base_temperature), y),
+        }
+        scheme = "none (labels of one class: only the other classes' discount is fitted)"
+        return Adaptation(
+            head, {"scheme": scheme, "candidates": {}}, train, time.perf_counter() - start
+        )
     scheme, folds = _splits(y, seed)
     candidates: dict[str, dict[str, float]] = {}
     for method in methods:
         oof = np.zeros((len(y), k))
         for train, test in folds:
             head = fit_head(
-                method, lo[train], z[train], y[train], k, base_temperature, base_prototypes
+                method,
+                lo[train],
+                z[train],
+                y[train],
+                k,
+                base_temperature,
+                base_prototypes,
+                unlabelled=unlabelled,
             )
             oof[test] = head.log_probabilities(lo[test], z[test])
         candidates[method] = _metrics(oof, y)
     best = min(methods, key=lambda m: (candidates[m]["nll"], methods.index(m)))
-    head = fit_head(best, lo, z, y, k, base_temperature, base_prototypes)
+    head = fit_head(best, lo, z, y, k, base_temperature, base_prototypes, unlabelled=unlabelled)
     seconds = time.perf_counter() - start
     train = {
         "chosen": _metrics(head.log_probabilities(lo, z), y),

@@ -21,12 +21,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "class prototypes blended with the model's own, logistic regression on the "
             "embedding, and the same with the base model's log-probabilities as a prior); the "
             "one with the lowest cross-validated log-loss is kept. Classes without a label keep "
-            "the base model's probabilities. Labelled buildings come from a chip store "
+            "the base model's probabilities, discounted by how often the base model expected "
+            "them among the labelled buildings (--unlabelled). Labelled buildings come from a "
+            "chip store "
             "(--chips), a labelled footprint file on pre/post imagery (--buildings with "
             "--label-field, or an xBD --labels JSON) and the app's saved corrections "
             "(--corrections); several may be combined. With --suggest N, ranks the unlabelled "
-            "buildings of the same inputs by how much a label would help (uncertainty, spread "
-            "over the embedding space) and writes the ranking as CSV. See docs/adapt.md."
+            "buildings of the same inputs by how much a label would help (typical buildings, "
+            "spread over the embedding space) and writes the ranking as CSV. See docs/adapt.md."
         ),
     )
     p.add_argument("--model", metavar="ONNX", help="base model (default: the bundled model)")
@@ -73,6 +75,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=",".join(_methods()),
         metavar="LIST",
         help=f"comma-separated heads to try (default {','.join(_methods())})",
+    )
+    p.add_argument(
+        "--unlabelled",
+        choices=("discount", "keep"),
+        default="discount",
+        help="classes without a label: discount their base probability by how often the base "
+        "model expected them among the labelled buildings (default), or keep it exactly "
+        "(docs/adapt.md)",
     )
     p.add_argument(
         "--suggest",
@@ -182,7 +192,15 @@ def run(args: argparse.Namespace) -> int:
         predictor = Predictor(args.model if args.model else default_model())
         buildings = read_inputs(args, predictor)
         if args.out is not None:
-            result = adapt_model(predictor, buildings, args.out, heads, args.batch_size, args.seed)
+            result = adapt_model(
+                predictor,
+                buildings,
+                args.out,
+                heads,
+                args.batch_size,
+                args.seed,
+                args.unlabelled,
+            )
             block = result.block
             print(format_adaptation(block), file=sys.stderr)
             print(

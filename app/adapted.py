@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from app.adapt import METADATA_KEY, METHODS, SELECTION, Adaptation, AdaptError, adapt_head
+from app.adapt import (
+    METADATA_KEY,
+    METHODS,
+    SELECTION,
+    UNLABELLED_PSEUDO_COUNT,
+    Adaptation,
+    AdaptError,
+    adapt_head,
+)
 
 # --------------------------------------------------------------------------------------------
 # the model file
@@ -89,7 +97,12 @@ def adaptation_block(
         "selection": SELECTION,
         "labelled_classes": [class_names[c] for c in head.classes],
         "unlabelled_classes": [n for i, n in enumerate(class_names) if i not in head.classes],
-        "unlabelled_rule": "classes without a label keep the base model's probabilities",
+        "unlabelled_rule": unlabelled_rule(head),
+        "unlabelled_discount": {
+            n: round(float(head.discount[i]), 6)
+            for i, n in enumerate(class_names)
+            if i not in head.classes
+        },
         "head": head.to_dict(),
         "cv": adaptation.cv,
         "fit": adaptation.train,
@@ -98,6 +111,21 @@ def adaptation_block(
         "base_model": base_model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def unlabelled_rule(head) -> str:
+    """How the adapted model treats the classes without a label, in words."""
+    others = [c for c in range(head.k) if c not in head.classes]
+    if not others:
+        return "every class has labels"
+    rho = [float(head.discount[c]) for c in others]
+    if all(r == 1.0 for r in rho):
+        return "classes without a label keep the base model's probabilities"
+    return (
+        "classes without a label keep the base model's probabilities times A / (A + e), e the "
+        f"base model's expected count of the class among the labelled buildings, A = "
+        f"{UNLABELLED_PSEUDO_COUNT:g} (unlabelled_discount in the head)"
+    )
 
 
 def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -149,6 +177,19 @@ def write_adapted(
     return out
 
 
+def unlabelled_text(block: Mapping[str, Any], what: str = "label") -> str | None:
+    """What became of the classes without a label, in a few words (None: every class has
+    labels), e.g. ``no label, base probability discounted: minor-damage x0.091``."""
+    kept = block.get("unlabelled_classes") or []
+    if not kept:
+        return None
+    rho = block.get("unlabelled_discount") or {}
+    if any(float(rho.get(n, 1.0)) < 1.0 for n in kept):
+        parts = ", ".join(f"{n} x{float(rho.get(n, 1.0)):.3g}" for n in kept)
+        return f"no {what}, base probability discounted: {parts}"
+    return f"unchanged (no {what}): {', '.join(kept)}"
+
+
 def format_adaptation(block: Mapping[str, Any]) -> str:
     """The ``adaptation`` block in a few lines, for the terminal and the model card."""
     labels = block.get("labels") or {}
@@ -166,9 +207,9 @@ def format_adaptation(block: Mapping[str, Any]) -> str:
         lines.append(
             f"  {method:<15} {m['nll']:.4f} / {m['accuracy']:.4f} / {m['macro_f1']:.4f}{mark}"
         )
-    kept = block.get("unlabelled_classes") or []
-    if kept:
-        lines.append(f"unchanged (no label): {', '.join(kept)}")
+    text = unlabelled_text(block)
+    if text:
+        lines.append(text)
     return "\n".join(lines)
 
 
@@ -194,6 +235,7 @@ def adapt_model(
     methods: Sequence[str] = METHODS,
     batch_size: int = 32,
     seed: int = 0,
+    unlabelled: str = "discount",
 ) -> AdaptResult:
     """Adapt the head of ``predictor``'s model to the labelled buildings and write ``out``.
 
@@ -205,6 +247,7 @@ def adapt_model(
         methods: the heads to try.
         batch_size: chips per inference batch.
         seed: seed of the cross-validation split.
+        unlabelled: what happens to classes without a label (``app.adapt.UNLABELLED_RULES``).
 
     Raises:
         AdaptError: no labelled building, fewer than two classes, ``out`` not ``.onnx``.
@@ -231,6 +274,7 @@ def adapt_model(
             base_prototypes(predictor.metadata, names),
             methods,
             seed,
+            unlabelled,
         )
     except AdaptError as exc:
         raise AdaptError(f"{sources}: {exc}") from exc

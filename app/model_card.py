@@ -58,9 +58,11 @@ def _adaptation_text(block: Any) -> str:
             f"(base {_text(base.get('accuracy'))}), macro-F1 {_text(chosen.get('macro_f1'))} "
             f"(base {_text(base.get('macro_f1'))})"
         )
-    kept = block.get("unlabelled_classes") or []
+    from app.adapted import unlabelled_text
+
+    kept = unlabelled_text(block)
     if kept:
-        text += f"; unchanged (no label): {', '.join(kept)}"
+        text += f"; {kept}"
     return text
 
 

@@ -147,7 +147,7 @@ class EventAdaptation:
         per_class = ", ".join(f"{k} {v}" for k, v in labels["per_class"].items() if v)
         n_sessions = len(self.labels.sessions)
         cv = block["cv"]
-        chosen = cv["candidates"][block["method"]]
+        chosen = cv["candidates"].get(block["method"]) or {}
         base = cv["candidates"].get("base") or {}
         lines = [
             f"**Adapted** to {labels['n']} corrected buildings of event **{self.labels.event}** "
@@ -161,15 +161,17 @@ class EventAdaptation:
                 else ""
             ),
         ]
-        if base:
+        if base and chosen:
             lines.append(
                 f"- cross-validated accuracy {chosen['accuracy']:.3f} (base model "
                 f"{base['accuracy']:.3f}), macro-F1 {chosen['macro_f1']:.3f} (base "
                 f"{base['macro_f1']:.3f}), log-loss {chosen['nll']:.3f} (base {base['nll']:.3f})"
             )
-        kept = block.get("unlabelled_classes") or []
+        from app.adapted import unlabelled_text
+
+        kept = unlabelled_text(block, "correction yet")
         if kept:
-            lines.append(f"- unchanged (no correction yet): {', '.join(kept)}")
+            lines.append(f"- {kept}")
         if labels["n"] < FEW_LABELS:
             lines.append(
                 f"- few corrections: on tiles a model had not seen, adapting to fewer than "

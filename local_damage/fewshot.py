@@ -12,7 +12,8 @@ For each event of a chip store held out in turn:
    k of a random order (``adapt-random``) or the top k of :func:`app.suggest.rank_buildings` with
    the base model (``adapt-suggested``). The head is adapted to them with
    :func:`app.adapt.adapt_head` (every head, the lowest cross-validated log-loss kept, as
-   ``local-damage adapt`` does) and the evaluation set is graded with it. Labels of a single
+   ``local-damage adapt`` does, with its rule for classes without a label, ``--unlabelled``) and
+   the evaluation set is graded with it. Labels of a single
    class are refused by ``adapt``; the analyst then keeps the base model, and so does the report
    (the row says so).
 3. ``finetune``: ``train --init`` from the base run on the random arm's k labels for
@@ -65,6 +66,7 @@ class Settings:
     val_share: float = 0.1
     pool_share: float = 0.5
     min_eval: int = 20
+    unlabelled: str = "discount"
 
     def check(self) -> None:
         if not self.k or any(k < 0 for k in self.k):
@@ -79,6 +81,13 @@ class Settings:
             raise FewShotError(f"--pool-share must lie in (0, 1), got {self.pool_share}")
         if self.min_eval < 1:
             raise FewShotError(f"--min-eval must be at least 1, got {self.min_eval}")
+        from app.adapt import UNLABELLED_RULES
+
+        if self.unlabelled not in UNLABELLED_RULES:
+            raise FewShotError(
+                f"--unlabelled must be one of {', '.join(UNLABELLED_RULES)}, got "
+                f"{self.unlabelled!r}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,6 +342,7 @@ def measure_event(
                             protos,
                             METHODS,
                             settings.seed,
+                            settings.unlabelled,
                         )
                         lp = a.head.log_probabilities(raw[ev], p.embedding[ev])
                         row.update(_scores(y[ev], lp.argmax(1), names), model=a.head.method)
@@ -582,6 +592,13 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="fewest buildings left to evaluate on; a smaller event is skipped (default 20)",
     )
+    p.add_argument(
+        "--unlabelled",
+        choices=("discount", "keep"),
+        default="discount",
+        help="adapt's rule for classes without a label (as `local-damage adapt --unlabelled`; "
+        "default discount)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -598,6 +615,7 @@ def run(args: argparse.Namespace) -> int:
         val_share=args.val_share,
         pool_share=args.pool_share,
         min_eval=args.min_eval,
+        unlabelled=args.unlabelled,
     )
     events = [e.strip() for e in args.events.split(",") if e.strip()] if args.events else None
     try:

@@ -152,7 +152,7 @@ def markdown(results: Mapping[str, Any]) -> str:
         )
         + f"; {s['repeats']} repeat(s), seed {s['seed']}, fine-tuning "
         + (f"{s['finetune_epochs']} epoch(s)" if s["finetune_epochs"] else "off")
-        + ".",
+        + f"; classes without a label: {s.get('unlabelled', 'keep')} (`adapt --unlabelled`).",
         "",
         "Each event is held out in turn: a base model is trained on the other events, then per "
         "repeat the event's labelled buildings are split at random into a pool and an evaluation "

@@ -131,9 +131,8 @@ def test_adapting_an_adapted_model_refits_from_the_base(adapted, base, store, tm
 
 
 def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_path):
-    """Labels of no-damage and destroyed only: for every building, p(minor) and p(major) are
-    the base model's calibrated probabilities, and a building the base model gives one of them
-    with p > 0.5 keeps that grade."""
+    """Labels of no-damage and destroyed only, ``--unlabelled keep``: for every building, p(minor)
+    and p(major) are the base model's calibrated probabilities."""
     from app.adapted import adapt_model
     from app.labelled import Buildings
     from app.predictor import Predictor
@@ -142,12 +141,66 @@ def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_pat
     partial = Buildings(
         store.ids, store.events, np.where(keep, store.labels, -1), store.pre, store.post
     )
-    result = adapt_model(Predictor(base), partial, tmp_path / "partial.onnx")
+    out = tmp_path / "partial.onnx"
+    result = adapt_model(Predictor(base), partial, out, unlabelled="keep")
     assert result.block["unlabelled_classes"] == ["minor-damage", "major-damage"]
+    assert result.block["unlabelled_discount"] == {"minor-damage": 1.0, "major-damage": 1.0}
     old = Predictor(base).predict(store.pre, store.post).probabilities
-    new = Predictor(tmp_path / "partial.onnx").predict(store.pre, store.post).probabilities
+    new = Predictor(out).predict(store.pre, store.post).probabilities
     np.testing.assert_allclose(new[:, [1, 2]], old[:, [1, 2]], atol=1e-5)
     np.testing.assert_allclose(new[:, [0, 3]].sum(1), old[:, [0, 3]].sum(1), atol=1e-5)
+
+
+def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, store, tmp_path):
+    """The default rule: p(c) of a class without a label is the base model's times
+    ``1 / (1 + e_c)``, ``e_c`` the base model's expected count of c among the labelled buildings;
+    the labelled classes share the rest, and the model file says so."""
+    from app.adapted import adapt_model, format_adaptation
+    from app.labelled import Buildings
+    from app.predictor import Predictor
+
+    keep = np.isin(store.labels, [0, 3])
+    partial = Buildings(
+        store.ids, store.events, np.where(keep, store.labels, -1), store.pre, store.post
+    )
+    out = tmp_path / "partial.onnx"
+    result = adapt_model(Predictor(base), partial, out)
+    old = Predictor(base).predict(store.pre, store.post).probabilities
+    expected = old[keep][:, [1, 2]].sum(axis=0)
+    rho = 1.0 / (1.0 + expected)
+    assert (rho < 1).all()
+    got = result.block["unlabelled_discount"]
+    np.testing.assert_allclose([got["minor-damage"], got["major-damage"]], rho, rtol=1e-4)
+    new = Predictor(out).predict(store.pre, store.post).probabilities
+    np.testing.assert_allclose(new[:, [1, 2]], old[:, [1, 2]] * rho, atol=1e-5)
+    np.testing.assert_allclose(new.sum(1), 1.0, atol=1e-5)
+    assert "discounted" in format_adaptation(result.block)
+    assert "A / (A + e)" in result.block["unlabelled_rule"]
+
+
+def test_a_class_the_base_model_never_expects_keeps_its_probability():
+    """Head arithmetic: labels on buildings where the base model gives class 2 almost nothing
+    leave p(2) as it was elsewhere (rho near 1); labels on buildings it called 2 shrink it."""
+    from app.adapt import adapt_head, log_softmax
+
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(40, 8))
+    y = rng.choice([0, 1, 3], size=40)
+    raw = rng.normal(size=(40, 4))
+    raw[:, 2] -= 20.0  # the base model never says 2 on these
+    quiet = adapt_head(raw, z, y, 4, methods=("logistic",)).head
+    assert quiet.discount[2] == pytest.approx(1.0, abs=1e-6)
+    raw[:, 2] += 40.0  # now it says 2 on every one of them, and every label disagrees
+    loud = adapt_head(raw, z, y, 4, methods=("logistic",)).head
+    assert loud.discount[2] == pytest.approx(1.0 / 41.0, rel=1e-3)
+    region = rng.normal(size=(50, 4))
+    region[:, 2] += 4.0
+    p_base = np.exp(log_softmax(region))
+    zr = rng.normal(size=(50, 8))
+    np.testing.assert_allclose(np.exp(quiet.log_probabilities(region, zr))[:, 2], p_base[:, 2])
+    np.testing.assert_allclose(
+        np.exp(loud.log_probabilities(region, zr))[:, 2], p_base[:, 2] / 41.0, rtol=1e-3
+    )
 
 
 def test_an_unlabelled_class_region_keeps_its_grade():
@@ -159,7 +212,7 @@ def test_an_unlabelled_class_region_keeps_its_grade():
     z = rng.normal(size=(60, 8))
     y = rng.choice([0, 1, 3], size=60)
     raw = rng.normal(size=(60, 4))
-    ad = adapt_head(raw, z, y, 4, base_temperature=0.7, methods=("logistic",))
+    ad = adapt_head(raw, z, y, 4, base_temperature=0.7, methods=("logistic",), unlabelled="keep")
     assert ad.head.classes == [0, 1, 3]
     region = rng.normal(size=(200, 4))
     region[:, 2] += 4.0
@@ -171,11 +224,21 @@ def test_an_unlabelled_class_region_keeps_its_grade():
     assert (p_new[inside].argmax(1) == 2).all()
 
 
-def test_single_class_labels_are_refused():
+def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
     from app.adapt import AdaptError, adapt_head
 
+    raw = np.zeros((5, 4))
     with pytest.raises(AdaptError, match="at least two classes"):
-        adapt_head(np.zeros((5, 4)), np.ones((5, 3)), np.zeros(5, int), 4)
+        adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4, unlabelled="keep")
+    with pytest.raises(AdaptError, match="at least two labels"):
+        adapt_head(raw[:1], np.ones((1, 3)), np.zeros(1, int), 4)
+    one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4)
+    assert one.head.method == "base" and one.cv["candidates"] == {}
+    # each of the 4 classes expected 5 * 0.25 times among the 5 no-damage labels
+    np.testing.assert_allclose(one.head.discount, [1.0, 1 / 2.25, 1 / 2.25, 1 / 2.25])
+    p = np.exp(one.head.log_probabilities(raw, np.ones((5, 3))))
+    np.testing.assert_allclose(p[:, 1:], 0.25 / 2.25)
+    np.testing.assert_allclose(p.sum(1), 1.0)
 
 
 def test_a_thousand_labels_use_stratified_k_fold():
@@ -365,26 +428,50 @@ def test_bad_corrections_name_the_file(base, tmp_path, capsys):
 # what to label next
 
 
-def test_rank_puts_the_most_uncertain_first_and_spreads_the_rest():
+def test_rank_by_uncertainty_puts_the_most_uncertain_first_and_spreads_the_rest():
     from app.suggest import rank_buildings
 
     p = np.array(
         [[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0.55, 0.45, 0, 0], [0.9, 0.1, 0, 0], [1, 0, 0, 0]]
     )
     z = np.array([[1, 0], [1, 1e-4], [0, 1], [-1, 0], [0, -1]], dtype=float)
-    order, dist = rank_buildings(p, z, 3)
+    order, dist = rank_buildings(p, z, 3, typical=0.0, uncertain=1.0)
     assert order[0] in (0, 1)
     assert order[1] == 2  # not the near-duplicate of the first pick
     assert len(set(order.tolist())) == 3
-    plain, _ = rank_buildings(p, z, 5, diversity=0.0)
+    plain, _ = rank_buildings(p, z, 5, diversity=0.0, typical=0.0, uncertain=1.0)
     margins = np.sort(p, 1)[:, -1] - np.sort(p, 1)[:, -2]
     assert np.all(np.diff(margins[plain]) >= 0)  # diversity 0: by margin alone
+
+
+def test_rank_takes_typical_buildings_of_each_cluster_biggest_first():
+    """Three clusters of 60, 30 and 10 buildings plus 5 outliers: the default ranking starts with
+    a central building of the big cluster, then one of each other cluster, before any outlier or
+    second building of a cluster."""
+    from app.suggest import rank_buildings, typicality
+
+    rng = np.random.default_rng(0)
+    centres = np.eye(3, 16)
+    sizes = (60, 30, 10)
+    z = np.vstack(
+        [c + 0.05 * rng.normal(size=(n, 16)) for c, n in zip(centres, sizes, strict=True)]
+        + [rng.normal(size=(5, 16))]
+    )
+    cluster = np.repeat([0, 1, 2, 3], (*sizes, 5))
+    p = np.full((len(z), 4), 0.25)
+    order, _ = rank_buildings(p, z, 3)
+    assert cluster[order].tolist() == [0, 1, 2]
+    t = typicality(z)
+    assert t.max() == 1.0 and t[cluster == 3].max() < t[cluster == 0].min()
+    first = order[0]
+    spread = np.linalg.norm(z[cluster == 0] - z[cluster == 0].mean(0), axis=1)
+    assert np.linalg.norm(z[first] - z[cluster == 0].mean(0)) <= np.median(spread)
 
 
 def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path, capsys):
     from app.labelled import Buildings
     from app.predictor import Predictor
-    from app.suggest import suggest, uncertainty
+    from app.suggest import rank_buildings, suggest
 
     hidden = np.arange(len(store)) % 2 == 0
     pool = Buildings(
@@ -395,11 +482,13 @@ def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path
     ids = [r.id for r in rows]
     unlabelled = {i for i, h in zip(store.ids, hidden, strict=True) if h}
     assert len(ids) == 5 == len(set(ids)) and set(ids) <= unlabelled
-    margin, _ = uncertainty(predictor.predict(pool.pre[hidden], pool.post[hidden]).probabilities)
-    # uncertain first-ish: the first pick is in the more uncertain half of the pool (distance
-    # to the labelled buildings counts too), and the picks are less sure than the pool
-    assert rows[0].margin <= np.median(margin) + 1e-6
-    assert np.mean([r.margin for r in rows]) < margin.mean()
+    # the ranking of the unlabelled buildings' outputs, kept away from the labelled ones
+    mine = predictor.predict(pool.pre[hidden], pool.post[hidden])
+    seen = predictor.predict(pool.pre[~hidden], pool.post[~hidden]).embedding
+    order, dist = rank_buildings(mine.probabilities, mine.embedding, 5, seen)
+    assert ids == [np.asarray(store.ids)[hidden][i] for i in order]
+    np.testing.assert_allclose([r.distance for r in rows], dist, atol=1e-5)
+    assert min(dist) > 0  # no pick duplicates a labelled building or an earlier pick
 
     csv_path = tmp_path / "next.csv"
     # every chip of the store is labelled: the command says so

@@ -183,7 +183,7 @@ def test_adapt_refuses_with_clear_messages_and_writes_nothing(predictor, score_m
 
 
 def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_path):
-    from app.suggest import uncertainty
+    from app.suggest import rank_buildings
     from app.web import AppError, save_correction
     from app.web_adapt import suggest_next
 
@@ -198,13 +198,18 @@ def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_pa
     for r in rows:
         assert r["uid"] == result.rows[r["#"]]["uid"]
         assert r["damage"] in CLASS_NAMES and 0 < r["confidence"] <= 1
-    # the most uncertain half of the pool comes first (distance to the corrections counts too)
+    # the order is app.suggest's ranking of the uncorrected buildings, kept away from the
+    # corrected ones
     from app.labelled import from_session
 
-    pool = from_session(result.session, predictor.spec, predictor.class_names)
-    pool = pool.subset(~pool.labelled)
-    margin, _ = uncertainty(predictor.predict(pool.pre, pool.post).probabilities)
-    assert rows[0]["uncertainty"] >= np.median(1 - margin) - 1e-6
+    every = from_session(result.session, predictor.spec, predictor.class_names)
+    pool = every.subset(~every.labelled)
+    seen = every.subset(every.labelled)
+    mine = predictor.predict(pool.pre, pool.post)
+    order, _ = rank_buildings(
+        mine.probabilities, mine.embedding, 5, predictor.predict(seen.pre, seen.post).embedding
+    )
+    assert [r["uid"] for r in rows] == [pool.ids[i].split(":")[-1] for i in order]
 
     # everything corrected: nothing left to suggest
     for row in scored:
