@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 MODELS_FOLDER = "models"
 #: How many buildings Suggest ranks by default.
 SUGGEST_N = 10
-#: Below this many corrections the status warns that adapting may not help (docs/adapt.md:
-#: on held-out tiles adapting gained from about 20 labels and lost a little at 5 and 10).
+#: Below this many corrections the status warns that the gain is uncertain (docs/results.md:
+#: on events a model had not seen, the gain from 5 or 10 labels varied widely between draws).
 FEW_LABELS = 20
 
 _name_lock = threading.Lock()
@@ -174,9 +174,9 @@ class EventAdaptation:
             lines.append(f"- {kept}")
         if labels["n"] < FEW_LABELS:
             lines.append(
-                f"- few corrections: on tiles a model had not seen, adapting to fewer than "
-                f"{FEW_LABELS} labels did not beat the base model (docs/adapt.md); compare the "
-                "figures above, correct more buildings (Suggest next) and Adapt again"
+                f"- few corrections: on events a model had not seen, the gain from fewer than "
+                f"{FEW_LABELS} labels varied widely between draws of the labels (docs/results.md); "
+                "compare the figures above, correct more buildings (Suggest next) and Adapt again"
             )
         lines.append(
             f"- wrote `{self.model.name}` in {self.seconds:.1f} s (embedding pass "
@@ -208,7 +208,7 @@ def adapt_to_event(
         The :class:`EventAdaptation`; the model is ``models_dir/<event>-adapted-<n>.onnx``.
 
     Raises:
-        AppError: no assessment, no corrections of the event, corrections of a single class, or
+        AppError: no assessment, no corrections of the event, a single correction, or
             anything else :func:`app.adapted.adapt_model` refuses; nothing is written then.
     """
     from app.adapt import AdaptError
@@ -217,14 +217,11 @@ def adapt_to_event(
     start = time.perf_counter()
     event = set_event(session, event) if event and event.strip() else session_event(session)
     labels = event_labels(predictor, work, event)
-    names = predictor.class_names
-    present = {names[int(c)]: int(np.sum(labels.buildings.labels == c)) for c in range(len(names))}
-    present = {k: v for k, v in present.items() if v}
-    if len(present) < 2:
-        ((only, n),) = present.items()
+    n = int(labels.buildings.labelled.sum())
+    if n < 2:
         raise AppError(
-            f"the {n} correction(s) of event {event} are all {only}: adapting needs corrections "
-            "of at least two classes (correct a building of another class too)"
+            f"event {event} has {n} correction: adapting needs at least two (correct another "
+            "building too)"
         )
     folder = Path(models_dir) if models_dir is not None else Path(work) / MODELS_FOLDER
     with _name_lock:  # two Adapt clicks at once must not pick the same name

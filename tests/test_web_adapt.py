@@ -171,15 +171,20 @@ def test_adapt_refuses_with_clear_messages_and_writes_nothing(predictor, score_m
     with pytest.raises(AppError, match="no corrections saved for event synthetic-flood yet"):
         adapt_to_event(predictor, work, result.session)
     rows = [r["#"] for r in result.rows if r["status"] == "scored"][:2]
-    for row in rows:
-        save_correction(result.session, row, "destroyed")
-    with pytest.raises(AppError, match="2 correction.* are all destroyed.*two classes"):
+    save_correction(result.session, rows[0], "destroyed")
+    with pytest.raises(AppError, match="has 1 correction: adapting needs at least two"):
         adapt_to_event(predictor, work, result.session)
     with pytest.raises(AppError, match="event name is empty"):
         from app.assessments import set_event
 
         set_event(result.session, "  ")
     assert not (work / "models").exists()
+    # two corrections of one grade: no head to fit, the other grades discounted
+    save_correction(result.session, rows[1], "destroyed")
+    done = adapt_to_event(predictor, work, result.session)
+    assert done.block["method"] == "base" and done.block["cv"]["candidates"] == {}
+    assert set(done.block["unlabelled_classes"]) == {"no-damage", "minor-damage", "major-damage"}
+    assert "discounted" in done.status() and done.model.is_file()
 
 
 def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_path):
