@@ -126,6 +126,11 @@ class Head:
         if self.discount is None:
             self.discount = np.ones(self.k)
 
+    @property
+    def unlabelled(self) -> list[int]:
+        """The class ids without a label (not in :attr:`classes`)."""
+        return [c for c in range(self.k) if c not in self.classes]
+
     def features(self, raw_logits: np.ndarray, embedding: np.ndarray) -> np.ndarray:
         """``[N, D + |L|]`` head input of raw ``[N, K]`` logits and ``[N, D]`` embeddings."""
         b = log_softmax(np.asarray(raw_logits, np.float64) / self.base_temperature)
@@ -139,7 +144,7 @@ class Head:
             return b
         rho = np.asarray(self.discount, np.float64)
         out = b + np.log(rho)[None, :]
-        others = [c for c in range(self.k) if c not in self.classes]
+        others = self.unlabelled
         # m_L = sum_{c in L} p_base(c) + sum_{c not in L} (1 - rho_c) p_base(c), in logs
         with np.errstate(divide="ignore"):  # rho = 1 frees nothing: log 0
             freed = b[:, others] + np.log1p(-rho[others])[None, :]
@@ -246,6 +251,15 @@ def _fit_scale(cos: np.ndarray, y_pos: np.ndarray) -> float:
     return math.exp(float(minimize_scalar(nll, bounds=(0.0, math.log(200.0)), method="bounded").x))
 
 
+def check_rule(unlabelled: str) -> None:
+    """Raise :class:`AdaptError` unless ``unlabelled`` is one of :data:`UNLABELLED_RULES`."""
+    if unlabelled not in UNLABELLED_RULES:
+        raise AdaptError(
+            f"unknown rule {unlabelled!r} for unlabelled classes; the rules are "
+            f"{', '.join(UNLABELLED_RULES)}"
+        )
+
+
 def unlabelled_discount(
     raw_logits: np.ndarray,
     classes: Sequence[int],
@@ -286,11 +300,7 @@ def fit_head(
         c: inverse regularisation strength of the logistic heads.
         unlabelled: one of :data:`UNLABELLED_RULES`.
     """
-    if unlabelled not in UNLABELLED_RULES:
-        raise AdaptError(
-            f"unknown rule {unlabelled!r} for unlabelled classes; the rules are "
-            f"{', '.join(UNLABELLED_RULES)}"
-        )
+    check_rule(unlabelled)
     if method not in METHODS:
         raise AdaptError(f"unknown head {method!r}; the heads are {', '.join(METHODS)}")
     y = np.asarray(labels, dtype=np.int64)
@@ -424,11 +434,7 @@ def adapt_head(
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise AdaptError(f"unknown head(s) {unknown}; the heads are {', '.join(METHODS)}")
-    if unlabelled not in UNLABELLED_RULES:
-        raise AdaptError(
-            f"unknown rule {unlabelled!r} for unlabelled classes; the rules are "
-            f"{', '.join(UNLABELLED_RULES)}"
-        )
+    check_rule(unlabelled)
     if len(y) < 2 or (len(present) < 2 and unlabelled == "keep"):
         raise AdaptError(
             f"{len(y)} label(s) of {len(present)} class(es): the head needs at least two labels, "

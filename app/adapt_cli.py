@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--unlabelled",
-        choices=("discount", "keep"),
+        choices=_rules(),
         default="discount",
         help="classes without a label: discount their base probability by how often the base "
         "model expected them among the labelled buildings (default), or keep it exactly "
@@ -107,6 +107,12 @@ def _methods() -> tuple[str, ...]:
     from app.adapt import METHODS
 
     return METHODS
+
+
+def _rules() -> tuple[str, ...]:
+    from app.adapt import UNLABELLED_RULES
+
+    return UNLABELLED_RULES
 
 
 def read_inputs(args: argparse.Namespace, predictor):

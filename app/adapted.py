@@ -96,12 +96,10 @@ def adaptation_block(
         "method": head.method,
         "selection": SELECTION,
         "labelled_classes": [class_names[c] for c in head.classes],
-        "unlabelled_classes": [n for i, n in enumerate(class_names) if i not in head.classes],
+        "unlabelled_classes": [class_names[c] for c in head.unlabelled],
         "unlabelled_rule": unlabelled_rule(head),
         "unlabelled_discount": {
-            n: round(float(head.discount[i]), 6)
-            for i, n in enumerate(class_names)
-            if i not in head.classes
+            class_names[c]: round(float(head.discount[c]), 6) for c in head.unlabelled
         },
         "head": head.to_dict(),
         "cv": adaptation.cv,
@@ -115,11 +113,9 @@ def adaptation_block(
 
 def unlabelled_rule(head) -> str:
     """How the adapted model treats the classes without a label, in words."""
-    others = [c for c in range(head.k) if c not in head.classes]
-    if not others:
+    if not head.unlabelled:
         return "every class has labels"
-    rho = [float(head.discount[c]) for c in others]
-    if all(r == 1.0 for r in rho):
+    if all(float(head.discount[c]) == 1.0 for c in head.unlabelled):
         return "classes without a label keep the base model's probabilities"
     return (
         "classes without a label keep the base model's probabilities times A / (A + e), e the "

@@ -81,13 +81,12 @@ class Settings:
             raise FewShotError(f"--pool-share must lie in (0, 1), got {self.pool_share}")
         if self.min_eval < 1:
             raise FewShotError(f"--min-eval must be at least 1, got {self.min_eval}")
-        from app.adapt import UNLABELLED_RULES
+        from app.adapt import AdaptError, check_rule
 
-        if self.unlabelled not in UNLABELLED_RULES:
-            raise FewShotError(
-                f"--unlabelled must be one of {', '.join(UNLABELLED_RULES)}, got "
-                f"{self.unlabelled!r}"
-            )
+        try:
+            check_rule(self.unlabelled)
+        except AdaptError as exc:
+            raise FewShotError(f"--unlabelled: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -513,6 +512,8 @@ def _ks(text: str) -> list[int]:
 
 def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     """Register ``local-damage bench fewshot``."""
+    from app.adapt import UNLABELLED_RULES
+
     p = bench_sub.add_parser(
         "fewshot",
         help="leave-one-event-out few-shot report: adapt and fine-tune on k labels of an unseen event",
@@ -594,7 +595,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--unlabelled",
-        choices=("discount", "keep"),
+        choices=UNLABELLED_RULES,
         default="discount",
         help="adapt's rule for classes without a label (as `local-damage adapt --unlabelled`; "
         "default discount)",

@@ -232,6 +232,8 @@ def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
         adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4, unlabelled="keep")
     with pytest.raises(AdaptError, match="at least two labels"):
         adapt_head(raw[:1], np.ones((1, 3)), np.zeros(1, int), 4)
+    with pytest.raises(AdaptError, match="unknown rule 'drop'.*discount, keep"):
+        adapt_head(raw, np.ones((5, 3)), np.arange(5) % 2, 4, unlabelled="drop")
     one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4)
     assert one.head.method == "base" and one.cv["candidates"] == {}
     # each of the 4 classes expected 5 * 0.25 times among the 5 no-damage labels
