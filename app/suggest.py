@@ -1,7 +1,19 @@
-"""Which buildings to label next: typical ones, spread over the embedding space (no torch).
+"""Which buildings to label next (no torch).
 
-:func:`rank_buildings` orders unlabelled buildings by how much an analyst's label is likely to
-help the adapted head (:mod:`app.adapt`), greedily: each next building maximises
+Two rankings, chosen by what the model knows of the event (:func:`suggestion_order`):
+
+- **Before the model is adapted to the event** (no head fitted to its labels yet), the base
+  model's grades are a poor guide to what it gets wrong, but they still say which kinds of
+  building the event holds. :func:`rank_by_grade` goes round the predicted grades, the most
+  predicted first, and within each grade takes buildings in the order of :func:`rank_buildings`
+  (typical ones, spread over the embedding space, away from those already labelled). The first
+  labels then cover every grade the model sees, each with a typical example.
+- **Once the model is adapted** (an ``adaptation`` head, :mod:`app.adapt`), its hesitation on the
+  event's own buildings is informative: :func:`rank_buildings` with the uncertainty factor on
+  (:data:`ADAPTED_UNCERTAINTY`), still weighted by typicality and kept away from the labelled
+  buildings.
+
+:func:`rank_buildings` orders buildings greedily: each next building maximises
 
     typicality ** TYPICALITY * uncertainty ** UNCERTAINTY * (distance / largest) ** DIVERSITY
 
@@ -9,16 +21,16 @@ help the adapted head (:mod:`app.adapt`), greedily: each next building maximises
   :data:`NEIGHBOURS` nearest unlabelled buildings, scaled to a maximum of 1. A label on a typical
   building speaks for many others; an outlier's speaks for itself.
 - Uncertainty: ``1 - margin`` of the model's probabilities (``margin`` = the largest minus the
-  second). Off by default (:data:`UNCERTAINTY` = 0): on unseen events the model is wrong about
-  many buildings and its hesitation is a poor guide (measured in docs/results.md, leave-one-event-out
-  report, where ranking by uncertainty did worse than labelling at random).
+  second).
 - Diversity: ``distance`` is the building's cosine distance in the embedding space to the nearest
   building already ranked or labelled, so near-duplicates of a pick sink and the ranking covers
   the event's kinds of buildings, the most common first.
 
-This is the "typical and diverse" choice that works best when few labels are given (Hacohen et
-al., "Active learning on a budget", ICML 2022), in greedy form so that any prefix of the ranking
-is itself a spread-out set.
+Typical and diverse is the choice that works best when few labels are given (Hacohen et al.,
+"Active learning on a budget", ICML 2022); uncertainty takes over once a model fitted to the
+event's labels exists. The leave-one-event-out report (``local-damage bench fewshot``,
+docs/results.md) measures the two in the rounds an analyst works in: the first labels ranked with
+the base model, each later round with the head adapted to the labels so far.
 """
 
 from __future__ import annotations
@@ -39,6 +51,8 @@ DIVERSITY = 1.0
 TYPICALITY = 1.0
 #: Exponent of the uncertainty term: 0 (default) ignores the model's hesitation.
 UNCERTAINTY = 0.0
+#: Exponent of the uncertainty term once the model is adapted to the event.
+ADAPTED_UNCERTAINTY = 1.0
 #: Neighbours whose mean distance defines a building's typicality.
 NEIGHBOURS = 20
 #: CSV columns of a ranking.
@@ -140,13 +154,74 @@ def rank_buildings(
     return np.asarray(order, dtype=np.int64), np.asarray(dist)
 
 
+def rank_by_grade(
+    probabilities: np.ndarray,
+    embedding: np.ndarray,
+    n: int,
+    labelled_embedding: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` buildings to label next when the model is not adapted to the event: round the
+    predicted grades, the most predicted first, taking each grade's buildings in the order of
+    :func:`rank_buildings` (typical, spread out, away from ``labelled_embedding``).
+
+    Returns:
+        ``(order, distance)`` as :func:`rank_buildings`; ``distance`` is each pick's cosine
+        distance to the nearest earlier pick or labelled building, over every grade.
+    """
+    p = np.asarray(probabilities, dtype=np.float64)
+    m = len(p)
+    n = max(0, min(int(n), m))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    grade = p.argmax(axis=1)
+    counts = np.bincount(grade, minlength=p.shape[1])
+    grades = [int(c) for c in np.argsort(-counts, kind="stable") if counts[c]]
+    queues = {}
+    for c in grades:
+        members = np.flatnonzero(grade == c)
+        order, _ = rank_buildings(
+            p[members], embedding[members], min(len(members), n), labelled_embedding
+        )
+        queues[c] = list(members[order])
+    picks: list[int] = []
+    while len(picks) < n:
+        for c in grades:
+            if queues[c] and len(picks) < n:
+                picks.append(int(queues[c].pop(0)))
+    z = unit(embedding)
+    nearest = np.full(m, np.inf)
+    if labelled_embedding is not None and len(labelled_embedding):
+        nearest = (1.0 - z @ unit(labelled_embedding).T).min(axis=1)
+    dist = []
+    for i in picks:
+        dist.append(float(nearest[i]) if np.isfinite(nearest[i]) else 1.0)
+        nearest = np.minimum(nearest, 1.0 - z @ z[i])
+    return np.asarray(picks, dtype=np.int64), np.asarray(dist)
+
+
+def suggestion_order(
+    probabilities: np.ndarray,
+    embedding: np.ndarray,
+    n: int,
+    labelled_embedding: np.ndarray | None = None,
+    adapted: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ranking :func:`suggest` uses: :func:`rank_by_grade` for a model not adapted to the
+    event, :func:`rank_buildings` with :data:`ADAPTED_UNCERTAINTY` for an adapted one (module
+    docstring). Arguments and returns as :func:`rank_buildings`."""
+    if adapted:
+        return rank_buildings(
+            probabilities, embedding, n, labelled_embedding, uncertain=ADAPTED_UNCERTAINTY
+        )
+    return rank_by_grade(probabilities, embedding, n, labelled_embedding)
+
+
 def suggest(
     predictor,
     buildings,
     n: int,
     labelled=None,
     batch_size: int = 32,
-    diversity: float = DIVERSITY,
 ) -> list[Suggestion]:
     """Rank the unlabelled buildings of ``buildings`` for labelling (the app and ``adapt
     --suggest`` call this).
@@ -158,7 +233,6 @@ def suggest(
         n: how many to return.
         labelled: more labelled :class:`~app.labelled.Buildings` to keep away from; None: none.
         batch_size: chips per inference batch.
-        diversity: see :func:`rank_buildings`.
     """
     pool = buildings.subset(~buildings.labelled)
     known = [b.subset(b.labelled) for b in (buildings, labelled) if b is not None]
@@ -166,12 +240,12 @@ def suggest(
     seen = [
         predictor.predict(b.pre, b.post, batch_size=batch_size).embedding for b in known if len(b)
     ]
-    order, dist = rank_buildings(
+    order, dist = suggestion_order(
         pred.probabilities,
         pred.embedding,
         n,
         np.concatenate(seen) if seen else None,
-        diversity,
+        adapted=getattr(predictor, "head", None) is not None,
     )
     margin, entropy = uncertainty(pred.probabilities)
     names = predictor.class_names

@@ -9,8 +9,10 @@ For each event of a chip store held out in turn:
    class prototypes fitted on that slice, as the bundled model carries them.
 2. Per repeat, the event's labelled buildings are split at random into a pool and an evaluation
    set (the same for every arm and k of the repeat). From the pool, k labels are taken: the first
-   k of a random order (``adapt-random``) or the top k of :func:`app.suggest.rank_buildings` with
-   the base model (``adapt-suggested``). The head is adapted to them with
+   k of a random order (``adapt-random``), or the suggestions (``adapt-suggested``) in rounds as
+   an analyst gets them: the first round (the smallest k) ranked by
+   :func:`app.suggest.suggestion_order` with the base model, each later round adding the top
+   ranked of the rest of the pool with the head adapted to the labels so far. The head is adapted to them with
    :func:`app.adapt.adapt_head` (every head, the lowest cross-validated log-loss kept, as
    ``local-damage adapt`` does, with its rule for classes without a label, ``--unlabelled``) and
    the evaluation set is graded with it. Labels of a single
@@ -46,6 +48,8 @@ FEWSHOT_PNG = "fewshot.png"
 BASE_SPLIT = "fewshot-split.json"
 #: Written in an event's folder: its measurements and the settings they were made with.
 EVENT_JSON = "measurements.json"
+#: Changes whenever what the arms measure changes, so that older measurements are not reused.
+MEASURE_VERSION = 2  # 2: suggested labels in rounds (app.suggest.suggestion_order)
 DEFAULT_K = (0, 5, 10, 20, 50)
 DEFAULT_CONFIG = "configs/default.yaml"
 
@@ -278,7 +282,7 @@ def measure_event(
     from app.adapted import base_of, base_prototypes
     from app.labelled import from_chip_store
     from app.predictor import Predictor
-    from app.suggest import rank_buildings
+    from app.suggest import suggestion_order
 
     predictor = Predictor(base_onnx)
     names = list(predictor.class_names)
@@ -290,23 +294,37 @@ def measure_event(
     t0, _ = base_of(predictor.metadata)
     protos = base_prototypes(predictor.metadata, names)
     n_pool = pool_size(len(b), settings)
-    max_k = max(settings.k)
     rows: list[dict[str, Any]] = []
     splits: list[dict[str, Any]] = []
     for r in range(settings.repeats):
         rng = np.random.default_rng([settings.seed, r, zlib.crc32(event.encode())])
         perm = rng.permutation(len(b))
         pool, ev = perm[:n_pool], np.sort(perm[n_pool:])
-        ranked, _ = rank_buildings(p.probabilities[pool], p.embedding[pool], max_k)
-        orders = {"adapt-random": pool, "adapt-suggested": pool[ranked]}
+        # the suggested labels come in rounds, as an analyst gets them: the first round ranked
+        # with the base model, each later one with the head adapted to the labels so far
+        suggested: list[int] = []
+        head = None
         splits.append({"repeat": r, "pool": ids[pool].tolist(), "eval": ids[ev].tolist()})
         common = {"event": event, "repeat": r, "pool": int(n_pool), "n_eval": int(len(ev))}
         base = _scores(y[ev], base_pred[ev], names)
-        for k in settings.k:
+        for k in sorted(settings.k):
+            if len(suggested) < k:
+                rest = np.setdiff1d(pool, suggested, assume_unique=True)
+                prob = p.probabilities[rest]
+                if head is not None:
+                    prob = np.exp(head.log_probabilities(raw[rest], p.embedding[rest]))
+                ranked, _ = suggestion_order(
+                    prob,
+                    p.embedding[rest],
+                    k - len(suggested),
+                    p.embedding[suggested] if suggested else None,
+                    adapted=head is not None,
+                )
+                suggested += rest[ranked].tolist()
             for arm in ("adapt-random", "adapt-suggested", "finetune"):
                 if arm == "finetune" and not settings.finetune_epochs:
                     continue
-                given = orders["adapt-random" if arm == "finetune" else arm][:k]
+                given = pool[:k] if arm != "adapt-suggested" else np.asarray(suggested[:k], int)
                 row: dict[str, Any] = {**common, "k": int(k), "arm": arm}
                 row["labelled"] = ids[given].tolist()
                 row["labels_per_class"] = {
@@ -345,8 +363,12 @@ def measure_event(
                         )
                         lp = a.head.log_probabilities(raw[ev], p.embedding[ev])
                         row.update(_scores(y[ev], lp.argmax(1), names), model=a.head.method)
+                        if arm == "adapt-suggested":
+                            head = a.head
                     except AdaptError as exc:  # adapt refuses; the analyst keeps the base model
                         row.update(base, model="base", note=f"adapt refused: {exc}")
+                        if arm == "adapt-suggested":
+                            head = None
                 rows.append(row)
                 if k and bar is not None:
                     bar.update()
@@ -425,7 +447,11 @@ def run_fewshot(
     )
     bar = tqdm(total=steps_per_event * len(sizes), disable=not progress, unit="step")
     info, rows, splits = {}, [], {}
-    wanted = {"settings": asdict(settings), "chips": str(chips.resolve())}
+    wanted = {
+        "settings": asdict(settings),
+        "chips": str(chips.resolve()),
+        "measure_version": MEASURE_VERSION,
+    }
     for event in sizes:
         folder = out / safe_name(event)
         bar.set_description(f"{event}: base")

@@ -470,10 +470,37 @@ def test_rank_takes_typical_buildings_of_each_cluster_biggest_first():
     assert np.linalg.norm(z[first] - z[cluster == 0].mean(0)) <= np.median(spread)
 
 
+def test_rank_by_grade_goes_round_the_predicted_grades_most_predicted_first():
+    """Before adapting, the picks cycle through the grades the model predicts (40, 25, 10
+    buildings), each grade's typical building first, and every pick is a new building."""
+    from app.suggest import rank_buildings, rank_by_grade, suggestion_order
+
+    rng = np.random.default_rng(1)
+    sizes = {2: 40, 0: 25, 3: 10}
+    z = np.vstack([np.eye(4, 12)[g] + 0.1 * rng.normal(size=(n, 12)) for g, n in sizes.items()])
+    grade = np.repeat(list(sizes), list(sizes.values()))
+    p = np.full((len(z), 4), 0.1)
+    p[np.arange(len(z)), grade] = 0.7
+    order, dist = rank_by_grade(p, z, 7)
+    assert grade[order].tolist() == [2, 0, 3, 2, 0, 3, 2]
+    assert len(set(order.tolist())) == 7 and np.all(dist > 0) and dist[0] == 1.0
+    # within a grade, the order of rank_buildings over that grade's buildings
+    twos = np.flatnonzero(grade == 2)
+    inner, _ = rank_buildings(p[twos], z[twos], 3)
+    assert order[[0, 3, 6]].tolist() == twos[inner].tolist()
+    # a model not adapted to the event ranks by grade; an adapted one by its hesitation
+    assert suggestion_order(p, z, 7)[0].tolist() == order.tolist()
+    unsure, _ = suggestion_order(p, z, 7, adapted=True)
+    assert unsure.tolist() == rank_buildings(p, z, 7, uncertain=1.0)[0].tolist()
+    # labelled buildings are kept away from: the nearest pick to one is not a duplicate
+    _, away = rank_by_grade(p, z, 3, labelled_embedding=z[order[:1]])
+    assert away.min() > 0
+
+
 def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path, capsys):
     from app.labelled import Buildings
     from app.predictor import Predictor
-    from app.suggest import rank_buildings, suggest
+    from app.suggest import suggest, suggestion_order
 
     hidden = np.arange(len(store)) % 2 == 0
     pool = Buildings(
@@ -487,7 +514,8 @@ def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path
     # the ranking of the unlabelled buildings' outputs, kept away from the labelled ones
     mine = predictor.predict(pool.pre[hidden], pool.post[hidden])
     seen = predictor.predict(pool.pre[~hidden], pool.post[~hidden]).embedding
-    order, dist = rank_buildings(mine.probabilities, mine.embedding, 5, seen)
+    assert predictor.head is not None  # adapted: its hesitation counts
+    order, dist = suggestion_order(mine.probabilities, mine.embedding, 5, seen, adapted=True)
     assert ids == [np.asarray(store.ids)[hidden][i] for i in order]
     np.testing.assert_allclose([r.distance for r in rows], dist, atol=1e-5)
     assert min(dist) > 0  # no pick duplicates a labelled building or an earlier pick

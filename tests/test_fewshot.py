@@ -170,11 +170,12 @@ def test_report_writes_every_measurement_the_tables_and_the_plot(report, chips):
 
 def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     """The report's figures of an adapted head equal those of the model `adapt` writes for the
-    same labels, and the suggested labels are the suggestion ranking's top k of the pool."""
+    same labels, and the suggested labels come in rounds: the first ranked with the base model,
+    the next with the model adapted to the first round's labels."""
     from app.adapted import adapt_model
     from app.labelled import Buildings, from_chip_store
     from app.predictor import Predictor
-    from app.suggest import rank_buildings
+    from app.suggest import suggestion_order
     from local_damage.metrics import classification_metrics
 
     results = _load(report)
@@ -187,13 +188,17 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     ev = [where[c] for c in split["eval"]]
     pool = [where[c] for c in split["pool"]]
     pred = base.predict(store.pre[pool], store.post[pool])
-    ranked, _ = rank_buildings(pred.probabilities, pred.embedding, max(KS))
+    first, _ = suggestion_order(pred.probabilities, pred.embedding, KS[1])
+    rows = {
+        (r["arm"], r["k"]): r
+        for r in results["measurements"]
+        if r["event"] == event and r["repeat"] == 0
+    }
+    assert rows["adapt-suggested", KS[1]]["labelled"] == [split["pool"][i] for i in first]
     checked = 0
-    for r in results["measurements"]:
-        if r["event"] != event or r["repeat"] != 0 or r["k"] == 0 or r["arm"] == "finetune":
+    for r in rows.values():
+        if r["k"] == 0 or r["arm"] == "finetune":
             continue
-        if r["arm"] == "adapt-suggested":
-            assert r["labelled"] == [split["pool"][i] for i in ranked[: r["k"]]]
         if r.get("note", "").startswith("adapt refused"):
             continue
         pick = [where[c] for c in r["labelled"]]  # in the order the report gave them
@@ -206,12 +211,28 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
         )
         out = adapt_model(base, given, tmp_path / f"{r['arm']}-{r['k']}.onnx")
         assert out.block["method"] == r["model"]
-        graded = Predictor(out.out).predict(store.pre[ev], store.post[ev]).probabilities
+        adapted = Predictor(out.out)
+        graded = adapted.predict(store.pre[ev], store.post[ev]).probabilities
         m = classification_metrics(store.labels[ev], graded.argmax(1), base.class_names)
         assert m["accuracy"] == pytest.approx(r["accuracy"], abs=1e-6)
         assert m["macro_f1"] == pytest.approx(r["macro_f1"], abs=1e-6)
         checked += 1
-    assert checked >= 2
+        if r["arm"] == "adapt-suggested" and r["k"] == KS[1]:
+            # the second round: the rest of the pool ranked by the model adapted to the first
+            given_ids = set(r["labelled"])
+            rest = [i for i, c in zip(pool, split["pool"], strict=True) if c not in given_ids]
+            mine = adapted.predict(store.pre[rest], store.post[rest])
+            more, _ = suggestion_order(
+                mine.probabilities,
+                mine.embedding,
+                KS[2] - KS[1],
+                adapted.predict(given.pre, given.post).embedding,
+                adapted=True,
+            )
+            second = rows["adapt-suggested", KS[2]]["labelled"]
+            assert second == r["labelled"] + [store.ids[rest[i]] for i in more]
+            checked += 10
+    assert checked >= 12  # the second round was checked too
 
 
 def test_rerun_reuses_the_base_runs(copy, chips, capsys):
