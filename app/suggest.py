@@ -100,6 +100,13 @@ def typicality(embedding: np.ndarray, neighbours: int = NEIGHBOURS) -> np.ndarra
     return density / density.max()
 
 
+def _distance_to_labelled(z: np.ndarray, labelled_embedding: np.ndarray | None) -> np.ndarray:
+    """``[M]`` cosine distance of unit rows ``z`` to the nearest labelled building (inf: none)."""
+    if labelled_embedding is None or not len(labelled_embedding):
+        return np.full(len(z), np.inf)
+    return (1.0 - z @ unit(labelled_embedding).T).min(axis=1)
+
+
 def rank_buildings(
     probabilities: np.ndarray,
     embedding: np.ndarray,
@@ -133,9 +140,7 @@ def rank_buildings(
     worth = np.clip(u, 1e-12, None) ** uncertain
     if typical and n:
         worth = worth * typicality(z) ** typical
-    nearest = np.full(m, np.inf)
-    if labelled_embedding is not None and len(labelled_embedding):
-        nearest = (1.0 - z @ unit(labelled_embedding).T).min(axis=1)
+    nearest = _distance_to_labelled(z, labelled_embedding)
     order, dist = [], []
     chosen = np.zeros(m, dtype=bool)
     for _ in range(n):
@@ -189,9 +194,7 @@ def rank_by_grade(
             if queues[c] and len(picks) < n:
                 picks.append(int(queues[c].pop(0)))
     z = unit(embedding)
-    nearest = np.full(m, np.inf)
-    if labelled_embedding is not None and len(labelled_embedding):
-        nearest = (1.0 - z @ unit(labelled_embedding).T).min(axis=1)
+    nearest = _distance_to_labelled(z, labelled_embedding)
     dist = []
     for i in picks:
         dist.append(float(nearest[i]) if np.isfinite(nearest[i]) else 1.0)
