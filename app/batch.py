@@ -333,6 +333,7 @@ class _Models:
     providers: tuple[str, ...]
     threads: int | None
     localizer: str | None
+    tta: str = "none"
 
 
 #: Models loaded in this (worker) process, by :class:`_Models`: each is loaded once.
@@ -344,7 +345,9 @@ def _score_on_worker(task: _SceneTask, models: _Models) -> dict:
     if models not in _LOADED:
         from app.predictor import Predictor
 
-        predictor = Predictor(models.model, providers=models.providers, threads=models.threads)
+        predictor = Predictor(
+            models.model, providers=models.providers, threads=models.threads, tta=models.tta
+        )
         localizer = None
         if models.localizer is not None:
             from app.localizer import Localizer
@@ -517,6 +520,7 @@ def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client)
                 tuple(predictor.providers),
                 None if scheduler_address(scheduler) else threads_per_worker(workers),
                 None if localizer is None else str(Path(localizer.path).absolute()),
+                getattr(predictor, "tta", "none"),
             )
             results = map_jobs(
                 partial(_score_on_worker, models=models),

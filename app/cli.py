@@ -23,6 +23,8 @@ def _positive(text: str) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    from app.predictor import TTA_VIEWS
+
     parser.add_argument(
         "--model",
         metavar="ONNX",
@@ -43,17 +45,24 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="side in pre-grid pixels of the blocks whose buildings share one windowed read; "
         f"memory grows with its square, not with the scene (default {BLOCK_SIZE})",
     )
+    parser.add_argument(
+        "--tta",
+        choices=tuple(TTA_VIEWS),
+        default="none",
+        help="test-time augmentation: grade each building in 4 flips or all 8 turns and mirrors "
+        "of its chips and average (4x / 8x the model's time; docs/scoring.md; default none)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     max_pixels_argument(parser)
     align_argument(parser)
 
 
-def _load_model(path: str | None):
+def _load_model(path: str | None, tta: str = "none"):
     """The predictor (the default model when ``path`` is None), or None after printing why not."""
     from app.predictor import ModelError, Predictor, default_model
 
     try:
-        return Predictor(path if path is not None else default_model())
+        return Predictor(path if path is not None else default_model(), tta=tta)
     except ModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
@@ -87,7 +96,7 @@ def _run_score(args: argparse.Namespace) -> int:
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:
         return 2
-    predictor = _load_model(args.model)
+    predictor = _load_model(args.model, args.tta)
     if predictor is None:
         return 2
     from app.detect import cli_localizer, pixel_pair
@@ -174,7 +183,7 @@ def _run_score_batch(args: argparse.Namespace) -> int:
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:
         return 2
-    predictor = _load_model(args.model)
+    predictor = _load_model(args.model, args.tta)
     if predictor is None:
         return 2
     from app.detect import cli_batch_localizer

@@ -38,6 +38,22 @@ INPUT_NAMES = ("pre", "post")
 OUTPUT_NAMES = ("logits", "embedding")
 #: Optional output of models exported with ``--change-map``: the latent correlation map.
 CHANGE_MAP = "change_map"
+#: Test-time augmentation: the views of a chip pair whose outputs are averaged, as
+#: ``(quarter turns, mirrored)``. Overhead imagery has no up or down, so a turned or mirrored
+#: pair shows the same building; ``none`` is the pair as it is.
+TTA_VIEWS: dict[str, tuple[tuple[int, bool], ...]] = {
+    "none": ((0, False),),
+    "flips": ((0, False), (2, False), (0, True), (2, True)),
+    "d8": tuple((k, m) for m in (False, True) for k in range(4)),
+}
+
+
+def tta_view(chips: np.ndarray, turns: int, mirrored: bool) -> np.ndarray:
+    """``[N, H, W, C]`` chips turned by ``turns`` quarter turns, then mirrored left-right."""
+    out = np.rot90(chips, turns, axes=(1, 2)) if turns else chips
+    return out[:, :, ::-1] if mirrored else out
+
+
 #: Execution providers tried in this order when none are given.
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -149,6 +165,10 @@ class Predictor:
         providers: onnxruntime execution providers in order of preference (default: CUDA when
             available, then CPU).
         threads: intra-op threads (default: onnxruntime's choice, one per physical core).
+        tta: test-time augmentation, a key of :data:`TTA_VIEWS`: each pair is graded in every
+            view (turned and mirrored alike, pre and post) and the raw logits and the unit
+            embeddings are averaged (the embedding renormalised); the change map is the plain
+            view's. ``flips`` costs 4 and ``d8`` 8 network passes a pair.
 
     Attributes:
         path: the model file.
@@ -176,7 +196,13 @@ class Predictor:
         path: str | os.PathLike,
         providers: Sequence[str] | None = None,
         threads: int | None = None,
+        tta: str = "none",
     ) -> None:
+        if tta not in TTA_VIEWS:
+            raise ValueError(
+                f"unknown test-time augmentation {tta!r}; one of {', '.join(TTA_VIEWS)}"
+            )
+        self.tta = tta
         self.path = Path(path)
         self._session, self.metadata = open_session(self.path, providers, threads, "model")
         self.providers: list[str] = list(self._session.get_providers())
@@ -308,14 +334,31 @@ class Predictor:
         with_map = change_map and self.has_change_map
         names = [*OUTPUT_NAMES, CHANGE_MAP] if with_map else list(OUTPUT_NAMES)
         logits, embedding, maps = [], [], []
+        views = TTA_VIEWS[self.tta]
         for i in range(0, n, batch_size):
-            a = np.ascontiguousarray(resize_chips(pre[i : i + batch_size], self.input_size))
-            b = np.ascontiguousarray(resize_chips(post[i : i + batch_size], self.input_size))
-            got = self._session.run(names, {"pre": a, "post": b})
-            logits.append(np.asarray(got[0], dtype=np.float32))
-            embedding.append(np.asarray(got[1], dtype=np.float32))
-            if with_map:
-                maps.append(np.asarray(got[2], dtype=np.float32))
+            a = resize_chips(pre[i : i + batch_size], self.input_size)
+            b = resize_chips(post[i : i + batch_size], self.input_size)
+            lo_sum = z_sum = None
+            for j, (turns, mirrored) in enumerate(views):
+                got = self._session.run(
+                    names if j == 0 else list(OUTPUT_NAMES),
+                    {
+                        "pre": np.ascontiguousarray(tta_view(a, turns, mirrored)),
+                        "post": np.ascontiguousarray(tta_view(b, turns, mirrored)),
+                    },
+                )
+                lo_v = np.asarray(got[0], dtype=np.float32)
+                z_v = np.asarray(got[1], dtype=np.float32)
+                lo_sum = lo_v if lo_sum is None else lo_sum + lo_v
+                z_sum = z_v if z_sum is None else z_sum + z_v
+                if with_map and j == 0:
+                    maps.append(np.asarray(got[2], dtype=np.float32))
+            if len(views) > 1:
+                lo_sum = lo_sum / np.float32(len(views))
+                norm = np.linalg.norm(z_sum, axis=1, keepdims=True)
+                z_sum = z_sum / np.maximum(norm, np.float32(1e-12))
+            logits.append(lo_sum)
+            embedding.append(z_sum)
         raw = np.concatenate(logits)
         z = np.concatenate(embedding)
         lo = raw if self.head is None else self.head.scores(raw, z)
@@ -337,8 +380,8 @@ class Predictor:
         """What a model picker shows: name, classes, training data, validation and held-out test
         metrics, calibration, the ``ood`` flag's threshold and where it came from (None: the
         model never flags ``ood``), the adapted head without its weights (None: not adapted),
-        licence, chip spec, input size, precision, parity, and the
-        providers in use."""
+        licence, chip spec, input size, precision, parity, the
+        providers in use and the test-time augmentation (``tta``)."""
         from app.adapted import adaptation_summary
         from app.flags import ood_summary
 
@@ -369,6 +412,7 @@ class Predictor:
             "created": md.get("created"),
             "format_version": md.get("format_version"),
             "providers": list(self.providers),
+            "tta": self.tta,
         }
 
     def __repr__(self) -> str:

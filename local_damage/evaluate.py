@@ -419,6 +419,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, help="seed of the second view and t-SNE (default 0)"
     )
     p.add_argument(
+        "--tta",
+        choices=("none", "flips", "d8"),
+        default="none",
+        help="test-time augmentation of an ONNX --model: average each pair's outputs over 4 "
+        "flips or the 8 turns and mirrors (default none; docs/results.md measures it)",
+    )
+    p.add_argument(
         "--device", default="auto", help="PyTorch device for --run: auto (the run's), cpu, cuda[:N]"
     )
     p.add_argument(
@@ -461,7 +468,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
     }
     try:
-        scorer = load_scorer(run=args.run, model=args.model, device=args.device)
+        scorer = load_scorer(run=args.run, model=args.model, device=args.device, tta=args.tta)
         if args.xbd:
             metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
         else:

@@ -226,14 +226,16 @@ class OnnxScorer(Scorer):
     second view passes the training augmentation's output at the predictor's input size.
     """
 
-    def __init__(self, model: str | Path):
+    def __init__(self, model: str | Path, tta: str = "none"):
         model = Path(model)
         if not model.is_file():
             raise FileNotFoundError(f"{model}: ONNX model not found")
         from app.predictor import Predictor
 
-        self.predictor = Predictor(model)
+        self.predictor = Predictor(model, tta=tta)
         self.source = {"model": str(model)}
+        if tta != "none":
+            self.source["tta"] = tta
         self.spec = self.predictor.spec
         self.class_names = tuple(self.predictor.class_names)
         self.input_size = int(self.predictor.input_size)
@@ -325,14 +327,25 @@ def _spec_from(d: dict) -> ChipSpec:
 
 
 def load_scorer(
-    run: str | Path | None = None, model: str | Path | None = None, device: str = "auto"
+    run: str | Path | None = None,
+    model: str | Path | None = None,
+    device: str = "auto",
+    tta: str = "none",
 ) -> Scorer:
     """A :class:`TorchScorer` for a run folder or an :class:`OnnxScorer` for an ONNX file.
+
+    ``tta``: test-time augmentation of the ONNX model (``app.predictor.TTA_VIEWS``).
 
     Raises:
         FileNotFoundError: the run folder lacks config.yaml or best.safetensors, or the ONNX file
             does not exist.
+        ValueError: both or neither of ``run`` and ``model``; ``tta`` with a run folder.
     """
     if (run is None) == (model is None):
         raise ValueError("give exactly one of a run folder or an ONNX model")
-    return TorchScorer(run, device=device) if run is not None else OnnxScorer(model)
+    if run is not None and tta != "none":
+        raise ValueError(
+            f"test-time augmentation ({tta}) grades an exported model: export the run and give "
+            "it as --model"
+        )
+    return TorchScorer(run, device=device) if run is not None else OnnxScorer(model, tta)

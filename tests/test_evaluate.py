@@ -217,6 +217,8 @@ def test_clear_errors(run, store, tmp_path, capsys):
     missing = tmp_path / "missing.onnx"
     err = error("--model", str(missing), "--chips", str(store))
     assert str(missing) in err and "not found" in err
+    err = error("--run", str(run), "--chips", str(store), "--tta", "d8")
+    assert "export the run" in err and "--model" in err
 
     unsplit = tmp_path / "unsplit"
     shutil.copytree(store, unsplit)

@@ -65,6 +65,40 @@ def test_predict_matches_the_graph_and_probabilities_sum_to_one(predictor, score
     np.testing.assert_allclose(got.probabilities, e / e.sum(1, keepdims=True), atol=1e-6)
 
 
+@pytest.mark.parametrize("tta", ["flips", "d8"])
+def test_test_time_augmentation_averages_the_views(predictor, score_model, tta):
+    """Each view is the same turn and mirror of pre and post through the graph; the logits are
+    their mean and the embedding their renormalised mean; the plain view's change map is kept."""
+    import onnxruntime as ort
+
+    s = predictor.input_size
+    pre, post = _chips(5, s, seed=4)
+    got = Predictor(score_model, threads=1, tta=tta).predict(pre, post, batch_size=2)
+    session = ort.InferenceSession(str(score_model), providers=["CPUExecutionProvider"])
+    turns = [(0, False), (2, False), (0, True), (2, True)] if tta == "flips" else None
+    turns = turns or [(k, m) for m in (False, True) for k in range(4)]
+    logits, embs = [], []
+    for k, mirrored in turns:
+        views = []
+        for chips in (pre, post):
+            v = np.rot90(chips, k, axes=(1, 2))
+            views.append(np.ascontiguousarray(v[:, :, ::-1] if mirrored else v))
+        lo, emb = session.run(None, {"pre": views[0], "post": views[1]})[:2]
+        logits.append(lo)
+        embs.append(emb)
+    np.testing.assert_allclose(got.logits, np.mean(logits, axis=0), atol=1e-5)
+    mean = np.sum(embs, axis=0)
+    np.testing.assert_allclose(
+        got.embedding, mean / np.linalg.norm(mean, axis=1, keepdims=True), atol=1e-5
+    )
+    # the views differ (a model that ignored them would make this test pass trivially)
+    assert np.abs(logits[1] - logits[0]).max() > 1e-4
+    plain = predictor.predict(pre, post)
+    assert np.abs(got.logits - plain.logits).max() > 1e-4
+    with pytest.raises(ValueError, match="unknown test-time augmentation 'd4'"):
+        Predictor(score_model, tta="d4")
+
+
 def test_chips_at_another_size_are_resized(predictor):
     from data_prep.windows import resize_chip
 

@@ -109,6 +109,33 @@ def test_scene_geojson_statuses_and_probabilities(scene_scored, synthetic_scene,
     assert west <= minx and maxx <= east and south <= miny and maxy <= north
 
 
+def test_scene_with_test_time_augmentation(
+    tmp_path, scene_scored, synthetic_scene, score_model, predictor
+):
+    """`score --tta flips`: the same buildings scored, each grade the mean over the flips (other
+    probabilities than the plain run), and the GeoPackage's model metadata says so."""
+    import geopandas as gpd
+    import pyogrio
+
+    from app.score import probability_columns
+
+    s = synthetic_scene
+    out = tmp_path / "tta.gpkg"
+    argv = ["score", "--pre", *s.pre, "--post", *s.post, "--buildings", s.buildings]
+    argv += ["--model", score_model, "--out", out, "--block-size", "200", "--quiet"]
+    assert run_cli(*argv, "--tta", "flips") == 0
+    tta = gpd.read_file(out).to_crs(4326)
+    plain = gpd.read_file(scene_scored / "scene.geojson")
+    assert list(tta["uid"]) == list(plain["uid"]) and list(tta["status"]) == list(plain["status"])
+    _probability_checks(tta, predictor.class_names)
+    cols = probability_columns(predictor.class_names)
+    scored = tta["status"] == "scored"
+    diff = np.abs(tta.loc[scored, cols].to_numpy(float) - plain.loc[scored, cols].to_numpy(float))
+    assert diff.max() > 1e-3
+    card = json.loads(pyogrio.read_info(out)["layer_metadata"]["local_damage_model"])
+    assert card["tta"] == "flips"
+
+
 def test_scene_raster_aligns_with_pre_grid(scene_scored, synthetic_scene):
     import geopandas as gpd
     import rasterio
