@@ -51,8 +51,9 @@ def _checks(results: list[dict]) -> dict:
 
 def _decode_tile(paths: tuple) -> int:
     """Decode a tile's images with the `prepare xbd` reader and nothing else; returns how many."""
-    from data_prep.xbd import read_tile_image
+    from data_prep.xbd import read_tile_image, worker_setup
 
+    worker_setup()  # the process set up as for a `prepare xbd` job
     decoded = 0
     for path in paths:
         try:

@@ -59,6 +59,43 @@ def default_workers() -> int:
     return max(os.cpu_count() or 1, 1)
 
 
+#: glibc ``mallopt`` settings for processes that decode whole images (:func:`tune_malloc`).
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: a whole 1024 px RGB tile (3 MB) comes from the heap
+TRIM_THRESHOLD = 256 << 20  # free heap kept for the next tile instead of given back at once
+
+_TUNED = False
+
+
+def tune_malloc() -> bool:
+    """Let this process reuse the memory of one decoded image for the next (glibc only).
+
+    By default glibc serves each multi-megabyte image array with a fresh ``mmap`` (or gives a
+    freed one straight back to the system), so every tile's pixels are page-faulted and zeroed
+    afresh by the kernel: about a quarter of the time of decoding an xBD tile here, and more in
+    a Dask worker's thread (docs/benchmarks.md). Fixing the mmap threshold at 32 MB and the trim
+    threshold at 256 MB keeps freed arrays in the heap for the next one; a process then holds on
+    to at most that much free memory. Called by every preparation and scoring job (idempotent);
+    returns whether the settings apply (False where the C library is not glibc).
+    """
+    global _TUNED
+    if _TUNED:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: leave the allocator as it is
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    _TUNED = bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(
+        mallopt(m_trim_threshold, TRIM_THRESHOLD)
+    )
+    return _TUNED
+
+
 def scheduler_address(scheduler: str | None = None) -> str | None:
     """``scheduler``, else ``$DASK_SCHEDULER_ADDRESS``, else None (no existing cluster)."""
     address = (scheduler or os.environ.get(SCHEDULER_ENV, "")).strip()
@@ -260,7 +297,7 @@ def group_jobs(count: int, n_groups: int, costs: Sequence[float] | None = None) 
 
 
 #: Cluster tasks per worker when small jobs are grouped (:func:`task_count`).
-TASKS_PER_WORKER = 4
+TASKS_PER_WORKER = 2
 #: Most jobs in one grouped task (a lost worker reruns at most this many).
 MAX_GROUP = 16
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -113,12 +114,18 @@ def check_png_complete(path: str | os.PathLike) -> None:
 
 @dataclass
 class Decoded:
-    """One image decoded as stored: band-first bands 1-3, validity and what the rule needs."""
+    """One image decoded as stored: band-first bands 1-3 and what the radiometric rule needs."""
 
     path: str
     bands: np.ndarray
-    valid: np.ndarray
+    nodata: float | None
     bits: int | None
+
+    @cached_property
+    def valid(self) -> np.ndarray:
+        """bool [H, W]: pixels that are finite and not nodata (only the rules that rescale need
+        it, so a uint8 image never computes it)."""
+        return _valid(self.bands, self.nodata)
 
     def scaling(self) -> Scaling | None:
         """Rules 1-4 of :mod:`data_prep.radiometry`, None when the joint stretch applies."""
@@ -163,7 +170,7 @@ def decode(path: str | os.PathLike, max_pixels: int | None = None) -> Decoded:
         raise ImageError(
             f"{path}: cannot be read as an image; corrupt, truncated or not an image file ({exc})"
         ) from exc
-    return Decoded(str(path), bands, _valid(bands, nodata), bits)
+    return Decoded(str(path), bands, nodata, bits)
 
 
 def read_rgb(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:

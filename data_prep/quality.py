@@ -60,6 +60,25 @@ def pixel_limit_problem(width: int, height: int, limit: int, what: str = "image"
     )
 
 
+#: Stride of the sample :func:`is_constant` looks at first (prime: no alignment with rows or bands).
+_CONSTANT_STRIDE = 4099
+
+
+def is_constant(image: np.ndarray) -> bool:
+    """Whether every value of an array is the same (an all-zero, nodata or constant-fill image).
+
+    A strided sample that holds two values settles almost every real image without reading the
+    rest of it; only an image whose sample is constant is compared in full.
+    """
+    flat = np.asarray(image).reshape(-1)
+    if flat.size == 0:
+        return True
+    first = flat[0]
+    if (flat[::_CONSTANT_STRIDE] != first).any():
+        return False
+    return not (flat != first).any()
+
+
 def dominant_fraction(chip: np.ndarray) -> float:
     """Fraction of the pixels of a uint8 [H, W, C] (or [H, W]) chip equal to its most common
     pixel value (all channels compared together)."""

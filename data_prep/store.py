@@ -84,6 +84,31 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
         raise
 
 
+@contextmanager
+def atomic_file(path: str | os.PathLike, suffix: str = "", text: bool = False):
+    """Yield a file open for writing under a temporary name next to ``path``; rename it onto
+    ``path`` only on success. The same as :func:`atomic_path` with the writer opening the file,
+    but writing through the temporary's own descriptor (two system calls fewer per file: a
+    `prepare xbd` writes three files a tile)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent
+        )
+        with open(
+            fd, "w" if text else "wb", **({"newline": "", "encoding": "utf-8"} if text else {})
+        ) as fh:
+            yield fh
+            os.fchmod(fh.fileno(), 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def safe_name(name: str) -> str:
     """A file-name-safe version of a tile or scene name."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "tile"
@@ -100,7 +125,7 @@ def write_shard(
     rel = []
     for kind, arr in (("pre", pre), ("post", post)):
         relpath = f"{SHARDS}/{safe_name(name)}_{kind}.npy"
-        with atomic_path(Path(root) / relpath, suffix=".npy") as tmp, open(tmp, "wb") as fh:
+        with atomic_file(Path(root) / relpath, suffix=".npy") as fh:
             np.save(fh, np.ascontiguousarray(arr))
         rel.append(relpath)
     return rel[0], rel[1]
@@ -109,8 +134,8 @@ def write_shard(
 def write_json(path: str | os.PathLike, obj: object, indent: int | None = 2) -> None:
     """Write JSON atomically (``indent=None``: one compact line, which the C encoder writes
     many times faster than the indented form: use it for machine files with many rows)."""
-    with atomic_path(path, suffix=".json") as tmp:
-        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+    with atomic_file(path, suffix=".json", text=True) as fh:
+        fh.write(json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
 
 
 def write_manifest(
@@ -122,7 +147,7 @@ def write_manifest(
         write_json(root / STORE_META, dict(meta))
     out = root / MANIFEST
     named: set[str] = set()
-    with atomic_path(out, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
+    with atomic_file(out, suffix=".csv", text=True) as fh:
         writer = csv.writer(fh)
         writer.writerow(MANIFEST_COLUMNS)
         for row in rows:

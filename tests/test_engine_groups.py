@@ -42,7 +42,7 @@ def test_grouped_tasks_give_results_in_order_and_a_bad_job_fails_alone():
     seen = []
     with open_client(2) as client:
         assert task_count(client, 3) == 3
-        assert task_count(client, 33) == 8  # 4 per worker
+        assert task_count(client, 33) == 4  # 2 per worker
         assert task_count(client, 1000) == 63  # at most 16 jobs per task
         results = map_jobs(
             _square_or_fail,
@@ -56,3 +56,13 @@ def test_grouped_tasks_give_results_in_order_and_a_bad_job_fails_alone():
     assert sorted(seen) == list(range(12))
     assert isinstance(results[7], JobFailed) and "seven is refused" in results[7].error
     assert [r for i, r in enumerate(results) if i != 7] == [i * i for i in range(12) if i != 7]
+
+
+def test_tune_malloc_applies_on_glibc():
+    import platform
+
+    from data_prep.engine import tune_malloc
+
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert tune_malloc() is glibc
+    assert tune_malloc() is glibc  # idempotent

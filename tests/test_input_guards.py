@@ -159,6 +159,23 @@ def test_is_blank_flags_flat_chips_only():
     assert quality.blank_reason(chip, np.zeros_like(chip)).startswith("blank imagery (the post")
 
 
+def test_is_constant_reads_past_a_constant_sample():
+    """The sample shortcut only settles images it proves non-constant: an image that is flat on
+    every sampled value but differs elsewhere (one pixel, or one band) is not constant."""
+    image = np.zeros((1024, 1024, 3), dtype=np.uint8)
+    assert quality.is_constant(image)
+    assert quality.is_constant(np.full((7, 5, 3), 200, dtype=np.uint8))
+    assert quality.is_constant(np.zeros((0, 4, 3), dtype=np.uint8))
+    for index in (1, 4098, 4100, image.size - 1):  # next to and between sampled positions
+        odd = image.copy()
+        odd.reshape(-1)[index] = 1
+        assert not quality.is_constant(odd), index
+    banded = image.copy()
+    banded[..., 2] = 5  # flat per band but not one value
+    assert not quality.is_constant(banded)
+    assert not quality.is_constant(np.random.default_rng(0).integers(0, 256, (64, 64, 3)))
+
+
 def test_blank_check_of_a_batch_equals_the_full_count():
     """The strided-sample shortcut must never change a decision: chips near the threshold (a
     flat share just under and just over 95%, flat areas placed so the sample over- or

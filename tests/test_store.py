@@ -11,6 +11,7 @@ from data_prep.store import (
     MANIFEST,
     MANIFEST_COLUMNS,
     ChipReader,
+    atomic_file,
     atomic_path,
     read_manifest,
     read_meta,
@@ -115,6 +116,25 @@ def test_atomic_path_failure_leaves_no_file_and_keeps_old(tmp_path):
     with atomic_path(target) as tmp:
         tmp.write_text("new")
     assert target.read_text() == "new"
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_atomic_file_failure_leaves_no_file_and_keeps_old(tmp_path, text):
+    target = tmp_path / "out.txt"
+    data = "néw\n" if text else "néw\n".encode()
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_file(target, text=text) as fh:
+        fh.write(data)
+        raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+    with atomic_file(target, text=text) as fh:
+        fh.write(data)
+    assert target.read_bytes() == "néw\n".encode()  # UTF-8, newline as written
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (target.stat().st_mode & 0o777) == (0o666 & ~mask)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
 def test_failing_manifest_write_keeps_previous_manifest(tmp_path):
