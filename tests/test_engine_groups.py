@@ -38,12 +38,24 @@ def test_groups_balance_their_costs():
     assert max(loads) - min(loads) < max(plain) - min(plain)
 
 
+def _bookkeeping_settings():
+    import dask
+
+    return (
+        dask.config.get("distributed.worker.profile.enabled"),
+        dask.config.get("distributed.worker.memory.monitor-interval"),
+    )
+
+
 def test_grouped_tasks_give_results_in_order_and_a_bad_job_fails_alone():
     seen = []
     with open_client(2) as client:
         assert task_count(client, 3) == 3
         assert task_count(client, 33) == 4  # 2 per worker
         assert task_count(client, 1000) == 63  # at most 16 jobs per task
+        settings = client.run(_bookkeeping_settings)
+        assert len(settings) == 2
+        assert set(settings.values()) == {(False, "1s")}  # no profiler, memory polled each second
         results = map_jobs(
             _square_or_fail,
             list(range(12)),
