@@ -305,15 +305,26 @@ def calibration_report(
         ``(block, curves)``: ``block`` is ``{"temperature", "bins", "before", "after"}`` with
         ``before`` the :func:`~local_damage.metrics.calibration_metrics` (ECE, NLL, Brier,
         accuracy) of the softmax of the raw logits and ``after`` those of the calibrated
-        probabilities (None without a temperature); ``curves`` maps a legend label with the ECE
+        probabilities (None without a temperature), each with ``ece_floor``: the ECE chance
+        alone gives that many predictions at those confidences
+        (:func:`~local_damage.metrics.ece_sampling_floor`); ``curves`` maps a legend label with the ECE
         to the :func:`~local_damage.metrics.reliability_bins` of each.
     """
     from app.predictor import softmax
-    from local_damage.metrics import ECE_BINS, calibration_metrics, reliability_bins
+    from local_damage.metrics import (
+        ECE_BINS,
+        calibration_metrics,
+        ece_sampling_floor,
+        reliability_bins,
+    )
 
     raw = softmax(scored.logits)
     before = calibration_metrics(raw, scored.labels)
-    after = calibration_metrics(scored.probabilities, scored.labels) if temperature else None
+    before["ece_floor"] = ece_sampling_floor(raw)
+    after = None
+    if temperature:
+        after = calibration_metrics(scored.probabilities, scored.labels)
+        after["ece_floor"] = ece_sampling_floor(scored.probabilities)
     curves = {
         f"{'before calibration' if temperature else 'uncalibrated'} (ECE {before['ece']:.3f})": (
             reliability_bins(raw, scored.labels)

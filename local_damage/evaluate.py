@@ -315,6 +315,12 @@ def format_summary(metrics: dict[str, Any]) -> str:
             else "calibration (no temperature)"
         )
         lines.append(f"{head}: {'  '.join(parts)}")
+        floors = [cal[k].get("ece_floor") for k in ("before", "after") if cal.get(k)]
+        if floors and all(floors):
+            lines.append(
+                "ECE a perfectly calibrated model would show on these buildings by chance: "
+                + " -> ".join(f"{f['mean']:.4f} (95% under {f['p95']:.4f})" for f in floors)
+            )
     rep = metrics.get("representation")
     if rep:
         shown = [

@@ -17,6 +17,7 @@ from local_damage.cli import main
 from local_damage.metrics import (
     brier_score,
     calibration_metrics,
+    ece_sampling_floor,
     expected_calibration_error,
     negative_log_likelihood,
     reliability_bins,
@@ -88,6 +89,30 @@ def test_perfect_and_uniform_predictions():
     assert brier_score(uniform, [0, 1, 2, 3]) == pytest.approx(3 * 0.25**2 + 0.75**2)
     # a zero probability on the true class is clipped, not infinite
     assert math.isfinite(negative_log_likelihood([[1.0, 0.0]], [1]))
+
+
+def test_ece_floor_is_what_calibrated_predictions_measure_and_shrinks_with_n():
+    """Labels drawn from the probabilities themselves (a calibrated model) measure an ECE around
+    the floor; the same confidences with fewer right than they claim measure far above it."""
+    rng = np.random.default_rng(3)
+    for n in (100, 2000):
+        probs = rng.dirichlet([0.6, 0.6, 0.6, 0.6], size=n)
+        floor = ece_sampling_floor(probs)
+        assert 0 < floor["mean"] < floor["p95"] and floor["draws"] == 200
+        assert floor == ece_sampling_floor(probs)  # deterministic
+        measured = [
+            expected_calibration_error(probs, np.array([rng.choice(4, p=row) for row in probs]))
+            for _ in range(20)
+        ]
+        assert 0.5 * floor["mean"] < np.mean(measured) < 1.5 * floor["mean"], (n, floor)
+        wrong = probs.argmax(axis=1) + 1 + (rng.random(n) < 0.5)  # never the top class
+        assert expected_calibration_error(probs, wrong % 4) > 3 * floor["p95"]
+    small = ece_sampling_floor(rng.dirichlet([1, 1, 1, 1], size=100))["mean"]
+    large = ece_sampling_floor(rng.dirichlet([1, 1, 1, 1], size=2000))["mean"]
+    assert large < 0.5 * small  # about 1 / sqrt(n)
+    assert ece_sampling_floor(np.eye(4))["mean"] == 0.0  # certain and right: no chance at all
+    with pytest.raises(ValueError, match="non-empty"):
+        ece_sampling_floor(np.zeros((0, 4)))
 
 
 def test_metric_inputs_are_checked():
@@ -338,6 +363,8 @@ def test_evaluate_reports_before_and_after(calibrated, score_model, chips, tmp_p
         assert cal["after"][key] == pytest.approx(block["after"][key], abs=1e-5)
     assert cal["after"]["nll"] <= cal["before"]["nll"]
     assert cal["before"]["accuracy"] == cal["after"]["accuracy"] == metrics["accuracy"]
+    for key in ("before", "after"):
+        assert 0 < cal[key]["ece_floor"]["mean"] <= cal[key]["ece_floor"]["p95"] < 1
     assert (out / "reliability.png").stat().st_size > 0
 
     plain = tmp_path / "plain"

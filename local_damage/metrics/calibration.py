@@ -102,6 +102,51 @@ def expected_calibration_error(
     )
 
 
+#: Label draws of :func:`ece_sampling_floor`.
+FLOOR_DRAWS = 200
+
+
+def ece_sampling_floor(
+    probabilities: ArrayLike,
+    bins: int = ECE_BINS,
+    draws: int = FLOOR_DRAWS,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The ECE that chance alone gives these predictions: what the same confidences would
+    measure if they were exactly right.
+
+    Each draw decides every prediction's correctness at random with its own confidence as the
+    probability (a perfectly calibrated model on the same number of buildings with the same
+    confidences) and measures the ECE with the same bins. An ECE near ``mean`` cannot be told
+    from perfect calibration on this many buildings; ``p95`` is what 95% of such draws stay
+    under. Deterministic for a given ``seed``.
+
+    Returns:
+        ``{"mean", "p95", "draws"}``.
+    """
+    if bins < 1 or draws < 1:
+        raise ValueError(f"bins and draws must be at least 1, got {bins} and {draws}")
+    p = np.asarray(probabilities, dtype=np.float64)
+    if p.ndim != 2 or p.shape[0] == 0:
+        raise ValueError(f"probabilities must be a non-empty [N, K] array, got shape {p.shape}")
+    confidence = p.max(axis=1)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    index = np.searchsorted(edges[1:-1], confidence, side="left")
+    conf_sum = np.bincount(index, weights=confidence, minlength=bins)
+    rng = np.random.default_rng(seed)
+    correct = rng.random((draws, len(confidence))) < confidence  # [draws, N]
+    offsets = (np.arange(draws) * bins)[:, None] + index[None, :]
+    hits = np.bincount(offsets.ravel(), weights=correct.ravel(), minlength=draws * bins)
+    hits = hits.reshape(draws, bins)
+    # sum over bins of (n_b / N) |accuracy_b - confidence_b| = sum_b |hits_b - conf_sum_b| / N
+    ece = np.abs(hits - conf_sum[None, :]).sum(axis=1) / len(confidence)
+    return {
+        "mean": float(ece.mean()),
+        "p95": float(np.quantile(ece, 0.95)),
+        "draws": int(draws),
+    }
+
+
 def negative_log_likelihood(probabilities: ArrayLike, labels: ArrayLike) -> float:
     """Mean ``-log p[true class]`` in nats, probabilities clipped at :data:`PROB_FLOOR`."""
     p, y = check_probabilities(probabilities, labels)
