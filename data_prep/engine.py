@@ -71,10 +71,10 @@ def tune_malloc() -> bool:
 
     By default glibc serves each multi-megabyte image array with a fresh ``mmap`` (or gives a
     freed one straight back to the system), so every tile's pixels are page-faulted and zeroed
-    afresh by the kernel: about a quarter of the time of decoding an xBD tile here, and more in
-    a Dask worker's thread (docs/benchmarks.md). Fixing the mmap threshold at 32 MB and the trim
+    afresh by the kernel: about a tenth of the time of decoding an xBD tile here
+    (docs/benchmarks.md). Fixing the mmap threshold at 32 MB and the trim
     threshold at 256 MB keeps freed arrays in the heap for the next one; a process then holds on
-    to at most that much free memory. Called by every preparation and scoring job (idempotent);
+    to at most that much free memory. Called by every `prepare xbd` tile job (idempotent);
     returns whether the settings apply (False where the C library is not glibc).
     """
     global _TUNED

@@ -484,3 +484,41 @@ def test_forward_returns_the_unnormalised_z(encoders):
     torch.testing.assert_close(out.z_raw, e_diff)
     torch.testing.assert_close(out.z, F.normalize(e_diff, dim=1))
     assert float(out.z_raw.norm(dim=1).max()) <= 2.0 + 1e-5
+
+
+@pytest.mark.parametrize("shape, size", [((12, 12), 8), ((6, 6), 4), ((7, 10), 5), ((9, 3), 8)])
+def test_resize_map_pools_as_adaptive_pooling_does(shape, size):
+    from local_damage.models.correlation import resize_map
+
+    x = torch.randn(2, 3, *shape, generator=torch.Generator().manual_seed(1))
+    expected = F.adaptive_avg_pool2d(x, (min(shape[0], size), min(shape[1], size)))
+    if expected.shape[-2:] != (size, size):
+        expected = F.interpolate(expected, size=(size, size), mode="bilinear", align_corners=False)
+    torch.testing.assert_close(resize_map(x, size), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_onnx_export_at_an_input_size_whose_maps_do_not_divide_the_latent_grid(tmp_path):
+    """96 px: block 2 is 12 px against the 8 px latent grid (ONNX has no adaptive pooling for
+    that); the exported graph must still run and agree with PyTorch."""
+    import onnxruntime as ort
+
+    net = model("resnet18", seed=2).eval()
+    wrapper = LocalInference(net, with_change_map=True).eval()
+    g = torch.Generator().manual_seed(5)
+    pre, post = torch.randn(2, 3, 96, 96, generator=g), torch.randn(2, 3, 96, 96, generator=g)
+    path = tmp_path / "model96.onnx"
+    with torch.no_grad():
+        torch.onnx.export(
+            wrapper,
+            (pre, post),
+            str(path),
+            input_names=["pre", "post"],
+            output_names=["logits", "embedding", "change_map"],
+            opset_version=17,
+            dynamo=False,
+        )
+        expected = wrapper(pre, post)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"pre": pre.numpy(), "post": post.numpy()})
+    for a, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, e.numpy(), rtol=1e-4, atol=1e-4)

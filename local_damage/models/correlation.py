@@ -64,11 +64,23 @@ def format_blocks(blocks: Sequence[int]) -> str:
     return "-".join(str(b) for b in blocks)
 
 
+def _pooling_matrix(n: int, out: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[out, n]``: row ``i`` averages the inputs ``floor(i n / out)`` to ``ceil((i + 1) n / out)``
+    (exclusive), the bins of ``adaptive_avg_pool`` along one side."""
+    matrix = torch.zeros(out, n, dtype=dtype, device=device)
+    for i in range(out):
+        start, stop = (i * n) // out, -(-((i + 1) * n) // out)
+        matrix[i, start:stop] = 1.0 / (stop - start)
+    return matrix
+
+
 def resize_map(x: torch.Tensor, size: int) -> torch.Tensor:
     """Bring a map ``[B, C, h, w]`` to ``[B, C, size, size]``.
 
     Larger maps are average-pooled (a plain ``avg_pool2d`` when the side is a multiple of
-    ``size``, which exports to ONNX at any size; adaptive pooling otherwise), smaller ones
+    ``size``; otherwise adaptive average pooling written as products with averaging matrices,
+    because ONNX has no adaptive pooling to sizes that do not divide the input: an input size
+    such as 96 px, whose block-2 map is 12 px, could be trained but not exported), smaller ones
     bilinearly up-sampled (``align_corners=False``), equal ones returned as they are. A map larger
     along one side and smaller along the other is pooled, then up-sampled.
     """
@@ -77,8 +89,10 @@ def resize_map(x: torch.Tensor, size: int) -> torch.Tensor:
         th, tw = min(h, size), min(w, size)
         if h % th == 0 and w % tw == 0:
             x = F.avg_pool2d(x, kernel_size=(h // th, w // tw))
-        else:
-            x = F.adaptive_avg_pool2d(x, (th, tw))
+        else:  # adaptive pooling as two products with averaging matrices (ONNX: MatMul)
+            rows = _pooling_matrix(h, th, x.dtype, x.device)
+            cols = _pooling_matrix(w, tw, x.dtype, x.device)
+            x = torch.matmul(torch.matmul(rows, x), cols.transpose(0, 1))
         h, w = th, tw
     if h < size or w < size:
         x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
