@@ -63,8 +63,10 @@ _UMASK = _current_umask()
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ""):
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
+def _temporary_beside(path: str | os.PathLike, suffix: str):
+    """Yield ``(fd, tmp)`` of a new temporary file next to ``path`` (mode 0600, open); on
+    success set the usual permissions and rename it onto ``path``, on any failure remove it.
+    The caller closes ``fd`` (or hands it to a file object that does)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
@@ -72,8 +74,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
         fd, tmp = tempfile.mkstemp(
             prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent
         )
-        os.close(fd)
-        yield Path(tmp)
+        yield fd, tmp
         # mkstemp makes 0600, and some writers (safetensors) replace the file with another 0600
         # one; set the usual permissions on whatever the writer left
         os.chmod(tmp, 0o666 & ~_UMASK)
@@ -85,28 +86,25 @@ def atomic_path(path: str | os.PathLike, suffix: str = ""):
 
 
 @contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ""):
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only on success."""
+    with _temporary_beside(path, suffix) as (fd, tmp):
+        os.close(fd)
+        yield Path(tmp)
+
+
+@contextmanager
 def atomic_file(path: str | os.PathLike, suffix: str = "", text: bool = False):
     """Yield a file open for writing under a temporary name next to ``path``; rename it onto
     ``path`` only on success. The same as :func:`atomic_path` with the writer opening the file,
     but writing through the temporary's own descriptor (two system calls fewer per file: a
     `prepare xbd` writes three files a tile)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent
-        )
-        with open(
-            fd, "w" if text else "wb", **({"newline": "", "encoding": "utf-8"} if text else {})
-        ) as fh:
-            yield fh
-            os.fchmod(fh.fileno(), 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
+    options = {"newline": "", "encoding": "utf-8"} if text else {}
+    with (
+        _temporary_beside(path, suffix) as (fd, _),
+        open(fd, "w" if text else "wb", **options) as fh,
+    ):
+        yield fh
 
 
 def safe_name(name: str) -> str:

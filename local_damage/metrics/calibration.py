@@ -54,6 +54,14 @@ def check_probabilities(
     return p, check_labels(labels, n=len(p), num_classes=p.shape[1], name="labels")
 
 
+def _confidence_bins(confidence: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(edges, index)``: the ``bins + 1`` equal-width edges over ``[0, 1]`` and each
+    confidence's bin; bin ``b`` holds ``(edges[b], edges[b + 1]]`` (0 goes to the first)."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    # searchsorted 'left' on the inner edges puts a value on an edge in the bin below it
+    return edges, np.searchsorted(edges[1:-1], confidence, side="left")
+
+
 def reliability_bins(
     probabilities: ArrayLike, labels: ArrayLike, bins: int = ECE_BINS
 ) -> dict[str, list]:
@@ -73,9 +81,7 @@ def reliability_bins(
     p, y = check_probabilities(probabilities, labels)
     confidence = p.max(axis=1)
     correct = (p.argmax(axis=1) == y).astype(np.float64)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    # bin b holds (edges[b], edges[b + 1]]: searchsorted 'left' on the inner edges does that
-    index = np.searchsorted(edges[1:-1], confidence, side="left")
+    edges, index = _confidence_bins(confidence, bins)
     count = np.bincount(index, minlength=bins)
     conf_sum = np.bincount(index, weights=confidence, minlength=bins)
     hit_sum = np.bincount(index, weights=correct, minlength=bins)
@@ -130,8 +136,7 @@ def ece_sampling_floor(
     if p.ndim != 2 or p.shape[0] == 0:
         raise ValueError(f"probabilities must be a non-empty [N, K] array, got shape {p.shape}")
     confidence = p.max(axis=1)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    index = np.searchsorted(edges[1:-1], confidence, side="left")
+    _, index = _confidence_bins(confidence, bins)
     conf_sum = np.bincount(index, weights=confidence, minlength=bins)
     rng = np.random.default_rng(seed)
     correct = rng.random((draws, len(confidence))) < confidence  # [draws, N]
