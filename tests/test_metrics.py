@@ -15,6 +15,8 @@ from local_damage.metrics import (
     class_mean_gram,
     classification_metrics,
     gaussian_potential_uniformity,
+    gram_of_sums,
+    gram_summary,
     harmonic_mean,
     plot_confusion_matrix,
     plot_embedding_tsne,
@@ -251,6 +253,43 @@ def test_gram_regular_simplex(k):
     np.testing.assert_allclose(off, -1.0 / (k - 1))
     np.testing.assert_allclose(np.diag(gram), 1.0)
     assert max_off == pytest.approx(1.0 / (k - 1))
+
+
+def test_gram_of_batch_sums_matches_the_stacked_embeddings():
+    # Sums accumulated batch by batch (as training does) give the Gram of all embeddings at once.
+    rng = np.random.default_rng(3)
+    z = rng.normal(size=(60, 5)) + np.repeat(np.eye(4, 5) * 3, 15, axis=0)
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    y = np.repeat(np.arange(4), 15)
+    order = rng.permutation(60)
+    sums = np.zeros((4, 5))
+    for batch in np.array_split(order, 7):
+        np.add.at(sums, y[batch], z[batch])
+    want, want_max = class_mean_gram(z, y, 4)
+    got, got_max = gram_of_sums(sums)
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert got_max == pytest.approx(want_max) and want_max > 0.05
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_gram_summary_tells_orthonormal_from_simplex(k):
+    vertices = np.eye(k) - 1.0 / k
+    vertices /= np.linalg.norm(vertices, axis=1, keepdims=True)
+    simplex = gram_summary(gram_of_sums(vertices)[0])
+    assert simplex["mean_offdiag_cos"] == pytest.approx(-1.0 / (k - 1))
+    assert simplex["max_abs_cos"] == pytest.approx(1.0 / (k - 1))
+    ortho = gram_summary(gram_of_sums(np.eye(k) * 2.0)[0])
+    assert ortho == {"max_abs_cos": 0.0, "mean_offdiag_cos": 0.0}
+    # an absent class (zero sum) is left out, not counted as a cosine of 0
+    partial = np.eye(k)
+    partial[0] = 0.0
+    partial[1] = [0.0, 0.6, 0.8] + [0.0] * (k - 3)  # 0.8 against class 2
+    summary = gram_summary(gram_of_sums(partial)[0])
+    assert summary["max_abs_cos"] == pytest.approx(0.8)
+    same = gram_summary(gram_of_sums(np.ones((k, k)))[0])
+    assert same["max_abs_cos"] == pytest.approx(1.0) and same["mean_offdiag_cos"] == pytest.approx(
+        1.0
+    )
 
 
 def test_gram_absent_class_is_nan_and_excluded():

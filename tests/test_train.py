@@ -68,6 +68,14 @@ def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     assert list(metrics["epoch"]) == [0, 1]
     assert metrics["val_macro_f1"].between(0, 1).all() and (metrics["peak_memory_mb"] > 0).all()
     assert np.isfinite(metrics["train_loss"]).all()
+    geometry = [
+        "train_max_abs_cos",
+        "val_max_abs_cos",
+        "train_mean_offdiag_cos",
+        "val_mean_offdiag_cos",
+    ]
+    assert metrics[geometry].notna().all().all() and metrics[geometry].abs().le(1.0).all().all()
+    assert (metrics[["train_max_abs_cos", "val_max_abs_cos"]] >= 0).all().all()
     assert summary["chip_spec"]["chip_size"] == 128
     on_disk = json.loads((run / "summary.json").read_text())
     assert on_disk["best_epoch"] == summary["best_epoch"]

@@ -412,21 +412,44 @@ def class_mean_gram(z: ArrayLike, labels: ArrayLike, num_classes: int) -> tuple[
         among the others (NaN when fewer than two classes remain).
     """
     arr = check_embeddings(z)
-    y = check_labels(labels, len(arr), num_classes)
-    means = np.full((num_classes, arr.shape[1]), np.nan)
-    for c in range(num_classes):
-        members = arr[y == c]
-        if len(members):
-            mean = members.mean(axis=0)
-            norm = np.linalg.norm(mean)
-            if norm > 1e-12:
-                means[c] = mean / norm
+    return gram_of_sums(class_sums(arr, check_labels(labels, len(arr), num_classes), num_classes))
+
+
+def class_sums(z: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """``[K, D]`` float64 sum of the rows of ``z`` [N, D] per class id of ``labels`` [N]."""
+    sums = np.zeros((num_classes, z.shape[1]))
+    np.add.at(sums, labels, z)
+    return sums
+
+
+def gram_of_sums(sums: ArrayLike) -> tuple[np.ndarray, float]:
+    """:func:`class_mean_gram` from per-class sums of embeddings (``[K, D]``, zero rows absent).
+
+    A class's mean has the direction of its sum, so sums accumulated batch by batch (during a
+    training epoch, say) give the same Gram matrix as the stacked embeddings would.
+    """
+    sums = np.asarray(sums, dtype=np.float64)
+    norms = np.linalg.norm(sums, axis=1)
+    valid = norms > 1e-12
+    means = np.full(sums.shape, np.nan)
+    means[valid] = sums[valid] / norms[valid, None]
     gram = np.clip(means @ means.T, -1.0, 1.0)
-    valid = ~np.isnan(means[:, 0])
     gram[valid, valid] = 1.0
     off = gram[np.ix_(valid, valid)][~np.eye(int(valid.sum()), dtype=bool)]
     max_off = float(np.abs(off).max()) if off.size else float("nan")
     return gram, max_off
+
+
+def gram_summary(gram: np.ndarray) -> dict[str, float]:
+    """``max_abs_cos`` and ``mean_offdiag_cos`` of a class-mean Gram matrix (NaN rows skipped).
+
+    OCL aims at 0 for both; SupCon's regular simplex has every off-diagonal cosine at -1/(K-1).
+    """
+    valid = ~np.isnan(np.diag(gram))
+    off = gram[np.ix_(valid, valid)][~np.eye(int(valid.sum()), dtype=bool)]
+    if not off.size:
+        return {"max_abs_cos": float("nan"), "mean_offdiag_cos": float("nan")}
+    return {"max_abs_cos": float(np.abs(off).max()), "mean_offdiag_cos": float(off.mean())}
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,12 @@ from local_damage.config import save_yaml, to_dict
 from local_damage.data import ChipPairDataset, balanced_sampler, class_counts, normalize
 from local_damage.losses import class_weights
 from local_damage.losses.objective import uses_latent
-from local_damage.metrics import classification_metrics
+from local_damage.metrics import (
+    class_sums,
+    classification_metrics,
+    gram_of_sums,
+    gram_summary,
+)
 from local_damage.models import build_model
 from local_damage.train import checkpoint as ckpt
 from local_damage.train.config import Config
@@ -276,6 +281,10 @@ def train(
         "contrastive_l",
         "val_accuracy",
         "val_macro_f1",
+        "train_max_abs_cos",
+        "train_mean_offdiag_cos",
+        "val_max_abs_cos",
+        "val_mean_offdiag_cos",
         "pairs_per_s",
         "peak_memory_mb",
         "seconds",
@@ -295,6 +304,9 @@ def train(
             model.encoder.eval()  # frozen means batch-norm statistics too
         reset_peak(device)
         sums: dict[str, float] = {}
+        # Per-class sums of this replica's normalised z as the loss saw them (augmented, the
+        # weights moving during the epoch): the class-mean geometry of the training embeddings.
+        z_sums = None
         steps, t0 = 0, time.perf_counter()
         total_steps = (
             len(train_loader)
@@ -338,6 +350,10 @@ def train(
             scaler.step(optimizer)
             scaler.update()
             steps += 1
+            z_batch = output.z.detach().to("cpu", torch.float64)
+            if z_sums is None:
+                z_sums = torch.zeros(num_classes, z_batch.shape[1], dtype=torch.float64)
+            z_sums.index_add_(0, y.cpu(), z_batch)
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             bar.set_postfix(
@@ -356,15 +372,22 @@ def train(
             "wce": sums.get("wce", 0.0) / max(steps, 1),
             "contrastive_z": sums.get("contrastive_z", float("nan")) / max(steps, 1),
             "contrastive_l": sums.get("contrastive_l", float("nan")) / max(steps, 1),
+            **(_geometry_fields("train", gram_of_sums(z_sums.numpy())[0]) if steps else {}),
             "pairs_per_s": steps * cfg.train.batch_size * dist_info.world_size / seconds,
             "peak_memory_mb": peak_memory_mb(device),
             "seconds": seconds,
         }
         improved = True
         if val_loader is not None and dist_info.is_main:
-            ys, preds, _ = predict_loader(model, val_loader, device, cfg.train.amp)
+            ys, preds, val_z = predict_loader(model, val_loader, device, cfg.train.amp)
             metrics = classification_metrics(ys, preds, CLASS_NAMES[:num_classes])
             row["val_accuracy"], row["val_macro_f1"] = metrics["accuracy"], metrics["macro_f1"]
+            directed = np.linalg.norm(val_z, axis=1) > 0.5  # z = 0 (no change seen): no direction
+            row.update(
+                _geometry_fields(
+                    "val", gram_of_sums(class_sums(val_z[directed], ys[directed], num_classes))[0]
+                )
+            )
             improved = metrics["macro_f1"] > best_score or cfg.train.keep == "last"
         score = row.get("val_macro_f1", float(epoch))
         if dist_info.is_main:
@@ -446,6 +469,11 @@ def train(
     return summary
 
 
+def _geometry_fields(prefix: str, gram: np.ndarray) -> dict[str, float]:
+    """``PREFIX_max_abs_cos`` and ``PREFIX_mean_offdiag_cos`` of a class-mean Gram matrix."""
+    return {f"{prefix}_{k}": v for k, v in gram_summary(gram).items()}
+
+
 def _tensorboard_writer(run: Path):
     """A TensorBoard writer into RUN/tensorboard when tensorboard is installed, else None."""
     try:
@@ -465,15 +493,15 @@ def _append_csv(path: Path, fields: list[str], row: dict[str, Any]) -> None:
 
 
 def _plot_curves(run: Path) -> None:
-    """Training-curve plot (loss and validation metrics per epoch) as RUN/curves.png."""
+    """Training curves as RUN/curves.png: loss, validation metrics and class-mean geometry."""
     import pandas as pd
     from matplotlib.figure import Figure
 
     from data_prep.store import atomic_path
 
     df = pd.read_csv(run / METRICS_CSV)
-    fig = Figure(figsize=(9, 3.5))
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = Figure(figsize=(13, 3.5))
+    ax1, ax2, ax3 = fig.subplots(1, 3)
     for col in ("train_loss", "wce", "contrastive_z", "contrastive_l"):
         if col in df and df[col].notna().any():
             ax1.plot(df["epoch"] + 1, df[col], marker="o", label=col)
@@ -490,6 +518,20 @@ def _plot_curves(run: Path) -> None:
         ax2.legend(fontsize=8)
     else:  # trained without validation (every chip, or --holdout alone)
         ax2.text(0.5, 0.5, "no validation fold", ha="center", va="center", transform=ax2.transAxes)
+    for col, style in (
+        ("train_max_abs_cos", "-"),
+        ("train_mean_offdiag_cos", "--"),
+        ("val_max_abs_cos", "-"),
+        ("val_mean_offdiag_cos", "--"),
+    ):
+        if col in df and df[col].notna().any():
+            ax3.plot(df["epoch"] + 1, df[col], style, marker=".", label=col)
+    ax3.axhline(0.0, color="grey", lw=0.8)
+    ax3.set_ylim(-1, 1)
+    ax3.set_xlabel("epoch")
+    ax3.set_title("class means: cosines (OCL aims at 0)")
+    if ax3.get_legend_handles_labels()[0]:
+        ax3.legend(fontsize=7)
     fig.tight_layout()
     with atomic_path(run / "curves.png", suffix=".png") as tmp:
         fig.savefig(tmp, dpi=100, format="png")
