@@ -526,10 +526,13 @@ def _plot_curves(run: Path) -> None:
     ):
         if col in df and df[col].notna().any():
             ax3.plot(df["epoch"] + 1, df[col], style, marker=".", label=col)
-    ax3.axhline(0.0, color="grey", lw=0.8)
+    simplex = -1.0 / (len(CLASS_NAMES) - 1)  # SupCon's regular simplex over the grades
+    if ax3.get_legend_handles_labels()[0]:
+        ax3.axhline(0.0, color="grey", lw=0.8, label="OCL's orthogonal classes")
+        ax3.axhline(simplex, color="grey", lw=0.8, ls=":", label=f"SCL's simplex ({simplex:.2f})")
     ax3.set_ylim(-1, 1)
     ax3.set_xlabel("epoch")
-    ax3.set_title("class means: cosines (OCL aims at 0)")
+    ax3.set_title("class-mean cosines of z")
     if ax3.get_legend_handles_labels()[0]:
         ax3.legend(fontsize=7)
     fig.tight_layout()
