@@ -82,6 +82,27 @@ def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     assert on_disk["best_val_macro_f1"] == pytest.approx(metrics["val_macro_f1"].max())
 
 
+def test_validation_geometry_is_that_of_the_kept_model(chips, tmp_path):
+    # The last epoch's val_* geometry columns are the class-mean Gram of the validation chips'
+    # embeddings under the weights that epoch ends with (kept as best.safetensors by "last").
+    from data_prep.split import fold_indices
+    from local_damage.evaluate import unit_rows
+    from local_damage.metrics import class_mean_gram, gram_summary
+    from local_damage.scorers import TorchScorer
+
+    run = tmp_path / "run"
+    train(tiny("train.epochs=1", "train.keep=last"), chips, run, fold=0, progress=False)
+    last = pd.read_csv(run / "metrics.csv").iloc[-1]
+    val_ids = fold_indices(chips, 0)[1]
+    scored = TorchScorer(run, device="cpu").score(chips, val_ids)
+    unit, directed = unit_rows(scored.z)
+    keep = directed & (scored.labels >= 0)
+    assert keep.sum() >= 2
+    want = gram_summary(class_mean_gram(unit[keep], scored.labels[keep], 4)[0])
+    assert last["val_max_abs_cos"] == pytest.approx(want["max_abs_cos"], abs=1e-4)
+    assert last["val_mean_offdiag_cos"] == pytest.approx(want["mean_offdiag_cos"], abs=1e-4)
+
+
 def test_keep_last_evaluates_the_last_epoch_not_the_best(chips, tmp_path):
     # With a zero learning rate every epoch validates the same: "best" keeps the first epoch
     # (no strict improvement after it), "last" the final one, as a run without validation would.

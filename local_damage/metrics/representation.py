@@ -412,14 +412,9 @@ def class_mean_gram(z: ArrayLike, labels: ArrayLike, num_classes: int) -> tuple[
         among the others (NaN when fewer than two classes remain).
     """
     arr = check_embeddings(z)
-    return gram_of_sums(class_sums(arr, check_labels(labels, len(arr), num_classes), num_classes))
-
-
-def class_sums(z: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """``[K, D]`` float64 sum of the rows of ``z`` [N, D] per class id of ``labels`` [N]."""
-    sums = np.zeros((num_classes, z.shape[1]))
-    np.add.at(sums, labels, z)
-    return sums
+    sums = np.zeros((num_classes, arr.shape[1]))
+    np.add.at(sums, check_labels(labels, len(arr), num_classes), arr)
+    return gram_of_sums(sums)
 
 
 def gram_of_sums(sums: ArrayLike) -> tuple[np.ndarray, float]:
@@ -435,9 +430,7 @@ def gram_of_sums(sums: ArrayLike) -> tuple[np.ndarray, float]:
     means[valid] = sums[valid] / norms[valid, None]
     gram = np.clip(means @ means.T, -1.0, 1.0)
     gram[valid, valid] = 1.0
-    off = gram[np.ix_(valid, valid)][~np.eye(int(valid.sum()), dtype=bool)]
-    max_off = float(np.abs(off).max()) if off.size else float("nan")
-    return gram, max_off
+    return gram, gram_summary(gram)["max_abs_cos"]
 
 
 def gram_summary(gram: np.ndarray) -> dict[str, float]:

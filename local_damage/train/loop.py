@@ -28,7 +28,7 @@ from local_damage.data import ChipPairDataset, balanced_sampler, class_counts, n
 from local_damage.losses import class_weights
 from local_damage.losses.objective import uses_latent
 from local_damage.metrics import (
-    class_sums,
+    class_mean_gram,
     classification_metrics,
     gram_of_sums,
     gram_summary,
@@ -350,10 +350,10 @@ def train(
             scaler.step(optimizer)
             scaler.update()
             steps += 1
-            z_batch = output.z.detach().to("cpu", torch.float64)
+            z_batch = output.z.detach().double()  # summed where it lives: no copy per step
             if z_sums is None:
-                z_sums = torch.zeros(num_classes, z_batch.shape[1], dtype=torch.float64)
-            z_sums.index_add_(0, y.cpu(), z_batch)
+                z_sums = z_batch.new_zeros(num_classes, z_batch.shape[1])
+            z_sums.index_add_(0, y, z_batch)
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             bar.set_postfix(
@@ -372,22 +372,21 @@ def train(
             "wce": sums.get("wce", 0.0) / max(steps, 1),
             "contrastive_z": sums.get("contrastive_z", float("nan")) / max(steps, 1),
             "contrastive_l": sums.get("contrastive_l", float("nan")) / max(steps, 1),
-            **(_geometry_fields("train", gram_of_sums(z_sums.numpy())[0]) if steps else {}),
+            **(_geometry_fields("train", gram_of_sums(z_sums.cpu().numpy())[0]) if steps else {}),
             "pairs_per_s": steps * cfg.train.batch_size * dist_info.world_size / seconds,
             "peak_memory_mb": peak_memory_mb(device),
             "seconds": seconds,
         }
         improved = True
         if val_loader is not None and dist_info.is_main:
+            from local_damage.evaluate import unit_rows
+
             ys, preds, val_z = predict_loader(model, val_loader, device, cfg.train.amp)
             metrics = classification_metrics(ys, preds, CLASS_NAMES[:num_classes])
             row["val_accuracy"], row["val_macro_f1"] = metrics["accuracy"], metrics["macro_f1"]
-            directed = np.linalg.norm(val_z, axis=1) > 0.5  # z = 0 (no change seen): no direction
-            row.update(
-                _geometry_fields(
-                    "val", gram_of_sums(class_sums(val_z[directed], ys[directed], num_classes))[0]
-                )
-            )
+            unit, directed = unit_rows(val_z)  # z = 0 (no change seen) has no direction
+            gram = class_mean_gram(unit[directed], ys[directed], num_classes)[0]
+            row.update(_geometry_fields("val", gram))
             improved = metrics["macro_f1"] > best_score or cfg.train.keep == "last"
         score = row.get("val_macro_f1", float(epoch))
         if dist_info.is_main:
