@@ -55,7 +55,7 @@ default-chips: install
 ## export int8 ONNX calibrated on that fold (run `make default-model-heldout` first to store its
 ## held-out figures in the model).
 default-model: default-chips
-	OMP_NUM_THREADS=2 $(BIN)/local-damage train --config configs/default.yaml \
+	OMP_NUM_THREADS=1 $(BIN)/local-damage train --config configs/default.yaml \
 		--chips $(DEFAULT)/chips --fold $(CALIB_FOLD) --out $(DEFAULT)/run
 	$(BIN)/local-damage export --run $(DEFAULT)/run --out models/default.onnx \
 		--quantize int8 --change-map --weights models/default.safetensors \
