@@ -34,7 +34,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from local_damage.scorers import (
     EvaluationError,
@@ -43,10 +43,6 @@ from local_damage.scorers import (
     _spec_from,
     load_scorer,
 )
-
-if TYPE_CHECKING:
-    import numpy as np
-
 
 METRICS_JSON = "metrics.json"
 PREDICTIONS_CSV = "predictions.csv"
@@ -134,8 +130,8 @@ def evaluate(
         :func:`~local_damage.metrics.classification_metrics`, ``calibration`` (see
         :func:`local_damage.calibrate.calibration_report`), ``representation`` (see
         :func:`~local_damage.metrics.representation_metrics`, plus
-        ``zero_embeddings_left_out``, see :func:`unit_rows`; None with fewer than 2 usable
-        embeddings), ``source`` and ``views``.
+        ``zero_embeddings_left_out``, see :func:`~local_damage.metrics.unit_rows`; None with
+        fewer than 2 usable embeddings), ``source`` and ``views``.
     """
     from data_prep.store import write_json
     from local_damage.calibrate import calibration_report
@@ -146,6 +142,7 @@ def evaluate(
         plot_embedding_tsne,
         plot_reliability_diagram,
         representation_metrics,
+        unit_rows,
     )
 
     if not chip_ids:
@@ -209,31 +206,6 @@ def evaluate(
                 unit[ok], scored.labels[ok], names, out / f"tsne_{key}.png", title, seed
             )
     return metrics
-
-
-def unit_rows(x: np.ndarray, min_norm: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings re-normalised in float64, and which rows are real directions.
-
-    The model L2-normalises its embeddings, but under mixed precision the norms drift a little,
-    and ``z`` is exactly the zero vector when a chip's pre and post images give the same
-    projection (the fixed-difference correlation of identical inputs). Such rows have no
-    direction: they are flagged so the representation metrics and plots can leave them out.
-
-    Args:
-        x: [N, D] embeddings.
-        min_norm: rows with a smaller norm count as zero.
-
-    Returns:
-        ``(unit, valid)``: float64 [N, D] with every valid row of norm 1 (others 0) and bool [N].
-    """
-    import numpy as np
-
-    arr = np.asarray(x, dtype=np.float64)
-    norms = np.linalg.norm(arr, axis=1)
-    valid = np.isfinite(norms) & (norms > min_norm)
-    unit = np.zeros_like(arr)
-    unit[valid] = arr[valid] / norms[valid, None]
-    return unit, valid
 
 
 def per_event_metrics(

@@ -32,6 +32,7 @@ from local_damage.metrics.representation import (
     representation_metrics,
     sample_alignment_accuracy,
     sample_alignment_distance,
+    unit_rows,
 )
 from local_damage.metrics.xview2 import XView2Counts, xview2_scores
 
@@ -59,5 +60,6 @@ __all__ = [
     "representation_metrics",
     "sample_alignment_accuracy",
     "sample_alignment_distance",
+    "unit_rows",
     "xview2_scores",
 ]

@@ -394,6 +394,29 @@ def gaussian_potential_uniformity(z: ArrayLike, t: float = 1.0, self_pairs: bool
     return float(log_pairs - math.log(math.comb(n, 2)))
 
 
+def unit_rows(x: ArrayLike, min_norm: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings re-normalised in float64, and which rows are real directions.
+
+    The model L2-normalises its embeddings, but under mixed precision the norms drift a little,
+    and ``z`` is exactly the zero vector when a chip's pre and post images give the same
+    projection (the fixed-difference correlation of identical inputs). Such rows have no
+    direction: they are flagged so the representation metrics and plots can leave them out.
+
+    Args:
+        x: [N, D] embeddings.
+        min_norm: rows with a smaller norm count as zero.
+
+    Returns:
+        ``(unit, valid)``: float64 [N, D] with every valid row of norm 1 (others 0) and bool [N].
+    """
+    arr = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(arr, axis=1)
+    valid = np.isfinite(norms) & (norms > min_norm)
+    unit = np.zeros_like(arr)
+    unit[valid] = arr[valid] / norms[valid, None]
+    return unit, valid
+
+
 def class_mean_gram(z: ArrayLike, labels: ArrayLike, num_classes: int) -> tuple[np.ndarray, float]:
     """Cosine Gram matrix of the class means: how close the classes are to orthonormal.
 

@@ -32,6 +32,7 @@ from local_damage.metrics import (
     classification_metrics,
     gram_of_sums,
     gram_summary,
+    unit_rows,
 )
 from local_damage.models import build_model
 from local_damage.train import checkpoint as ckpt
@@ -379,8 +380,6 @@ def train(
         }
         improved = True
         if val_loader is not None and dist_info.is_main:
-            from local_damage.evaluate import unit_rows
-
             ys, preds, val_z = predict_loader(model, val_loader, device, cfg.train.amp)
             metrics = classification_metrics(ys, preds, CLASS_NAMES[:num_classes])
             row["val_accuracy"], row["val_macro_f1"] = metrics["accuracy"], metrics["macro_f1"]
