@@ -27,10 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "(--chips), a labelled footprint file on pre/post imagery (--buildings with "
             "--label-field, or an xBD --labels JSON) and the app's saved corrections "
             "(--corrections); several may be combined. With --suggest N, ranks the unlabelled "
-            "buildings of the same inputs by how much a label would help (with a model not yet "
-            "adapted: typical buildings of every predicted grade in turn; with an adapted one: "
-            "those it hesitates on; spread over the embedding space) and writes the ranking as "
-            "CSV. See docs/adapt.md."
+            "buildings of the same inputs to label next (with a model not yet adapted: a random "
+            "draw, a fixed shuffle by building id; with an adapted one: the buildings it "
+            "hesitates on, spread over the embedding space, alternating with the random draw) "
+            "and writes the ranking as CSV. See docs/adapt.md."
         ),
     )
     p.add_argument("--model", metavar="ONNX", help="base model (default: the bundled model)")

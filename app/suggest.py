@@ -2,16 +2,20 @@
 
 Two rankings, chosen by what the model knows of the event (:func:`suggestion_order`):
 
-- **Before the model is adapted to the event** (no head fitted to its labels yet), the base
-  model's grades are a poor guide to what it gets wrong, but they still say which kinds of
-  building the event holds. :func:`rank_by_grade` goes round the predicted grades, the most
-  predicted first, and within each grade takes buildings in the order of :func:`rank_buildings`
-  (typical ones, spread over the embedding space, away from those already labelled). The first
-  labels then cover every grade the model sees, each with a typical example.
-- **Once the model is adapted** (an ``adaptation`` head, :mod:`app.adapt`), its hesitation on the
-  event's own buildings is informative: :func:`rank_buildings` with the uncertainty factor on
-  (:data:`ADAPTED_UNCERTAINTY`), still weighted by typicality and kept away from the labelled
-  buildings.
+- **Before the model is adapted to the event** (no head fitted to its labels yet): a random
+  draw (:func:`random_order`). On an unseen event the base model is wrong about many buildings,
+  and no ranking built on its grades, hesitation or embedding was measured to beat a random draw
+  for the first labels (docs/results.md, "How the ranking was chosen"); a random draw is also an
+  unbiased sample of the event, which the adapted head's class balance needs.
+- **Once the model is adapted** (an ``adaptation`` head, :mod:`app.adapt`): the buildings it
+  hesitates over (:func:`rank_buildings` with :data:`ADAPTED_UNCERTAINTY`, weighted by
+  typicality and kept away from the labelled buildings) interleaved with the random draw, one
+  from each in turn, the random one first (:data:`RANDOM_SHARE` of the picks random, rounded
+  up). The uncertain picks teach the head where its classes meet; the random ones keep the
+  labels a sample of the event.
+
+The random draw orders buildings by a hash of their ids (:func:`id_order`): the same buildings
+always come in the same order, and a building keeps its place as others are labelled.
 
 :func:`rank_buildings` orders buildings greedily: each next building maximises
 
@@ -26,16 +30,15 @@ Two rankings, chosen by what the model knows of the event (:func:`suggestion_ord
   building already ranked or labelled, so near-duplicates of a pick sink and the ranking covers
   the event's kinds of buildings, the most common first.
 
-Typical and diverse is the choice that works best when few labels are given (Hacohen et al.,
-"Active learning on a budget", ICML 2022); uncertainty takes over once a model fitted to the
-event's labels exists. The leave-one-event-out report (``local-damage bench fewshot``,
-docs/results.md) measures the two in the rounds an analyst works in: the first labels ranked with
-the base model, each later round with the head adapted to the labels so far.
+The leave-one-event-out report (``local-damage bench fewshot``, docs/results.md) measures the
+ranking in the rounds an analyst works in: the first labels drawn with the base model, each later
+round ranked with the head adapted to the labels so far.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +56,8 @@ TYPICALITY = 1.0
 UNCERTAINTY = 0.0
 #: Exponent of the uncertainty term once the model is adapted to the event.
 ADAPTED_UNCERTAINTY = 1.0
+#: Share of an adapted model's picks taken from the random draw (interleaved with the uncertain).
+RANDOM_SHARE = 0.5
 #: Neighbours whose mean distance defines a building's typicality.
 NEIGHBOURS = 20
 #: CSV columns of a ranking.
@@ -159,47 +164,55 @@ def rank_buildings(
     return np.asarray(order, dtype=np.int64), np.asarray(dist)
 
 
-def rank_by_grade(
-    probabilities: np.ndarray,
-    embedding: np.ndarray,
-    n: int,
-    labelled_embedding: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n`` buildings to label next when the model is not adapted to the event: round the
-    predicted grades, the most predicted first, taking each grade's buildings in the order of
-    :func:`rank_buildings` (typical, spread out, away from ``labelled_embedding``).
+def id_order(ids: Sequence[str]) -> np.ndarray:
+    """A random order of buildings that depends only on their ids: indices sorted by a hash
+    (BLAKE2b) of each id. Labelling some of them leaves the others' order as it was."""
+    keys = [hashlib.blake2b(str(i).encode("utf-8"), digest_size=8).digest() for i in ids]
+    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
-    Returns:
-        ``(order, distance)`` as :func:`rank_buildings`; ``distance`` is each pick's cosine
-        distance to the nearest earlier pick or labelled building, over every grade.
-    """
-    p = np.asarray(probabilities, dtype=np.float64)
-    m = len(p)
-    n = max(0, min(int(n), m))
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0)
-    grade = p.argmax(axis=1)
-    counts = np.bincount(grade, minlength=p.shape[1])
-    grades = [int(c) for c in np.argsort(-counts, kind="stable") if counts[c]]
-    queues = {}
-    for c in grades:
-        members = np.flatnonzero(grade == c)
-        order, _ = rank_buildings(
-            p[members], embedding[members], min(len(members), n), labelled_embedding
-        )
-        queues[c] = list(members[order])
+
+def random_order(m: int, seed: int = 0) -> np.ndarray:
+    """A seeded random order of ``m`` buildings (a permutation of ``range(m)``)."""
+    return np.random.default_rng(seed).permutation(int(m)).astype(np.int64)
+
+
+def interleave(first: Sequence[int], second: Sequence[int], n: int, share: float) -> list[int]:
+    """``n`` distinct items: pick ``j`` (from 0) is the next of ``second`` not taken yet when
+    ``ceil((j + 1) * share) > ceil(j * share)``, else the next of ``first`` (the other when one
+    runs out). So every prefix takes ``share`` of its items from ``second``, rounded up, spread
+    evenly (0.5: second, first, second, ...)."""
+    queues = [[int(i) for i in first], [int(i) for i in second]]
+    heads = [0, 0]
+    taken: set[int] = set()
     picks: list[int] = []
     while len(picks) < n:
-        for c in grades:
-            if queues[c] and len(picks) < n:
-                picks.append(int(queues[c].pop(0)))
+        j = len(picks)
+        q = int(np.ceil((j + 1) * share - 1e-9) > np.ceil(j * share - 1e-9))
+        for side in (q, 1 - q):
+            while heads[side] < len(queues[side]) and queues[side][heads[side]] in taken:
+                heads[side] += 1
+            if heads[side] < len(queues[side]):
+                i = queues[side][heads[side]]
+                picks.append(i)
+                taken.add(i)
+                break
+        else:  # both queues used up
+            break
+    return picks
+
+
+def _distances(
+    embedding: np.ndarray, picks: Sequence[int], labelled_embedding: np.ndarray | None
+) -> np.ndarray:
+    """Each pick's cosine distance to the nearest earlier pick or labelled building (1 for the
+    first when nothing is labelled)."""
     z = unit(embedding)
     nearest = _distance_to_labelled(z, labelled_embedding)
     dist = []
     for i in picks:
         dist.append(float(nearest[i]) if np.isfinite(nearest[i]) else 1.0)
         nearest = np.minimum(nearest, 1.0 - z @ z[i])
-    return np.asarray(picks, dtype=np.int64), np.asarray(dist)
+    return np.asarray(dist)
 
 
 def suggestion_order(
@@ -208,15 +221,35 @@ def suggestion_order(
     n: int,
     labelled_embedding: np.ndarray | None = None,
     adapted: bool = False,
+    order: Sequence[int] | None = None,
+    share: float = RANDOM_SHARE,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The ranking :func:`suggest` uses: :func:`rank_by_grade` for a model not adapted to the
-    event, :func:`rank_buildings` with :data:`ADAPTED_UNCERTAINTY` for an adapted one (module
-    docstring). Arguments and returns as :func:`rank_buildings`."""
-    if adapted:
-        return rank_buildings(
+    """The ranking :func:`suggest` uses (module docstring): for a model not adapted to the event
+    the first ``n`` of the random ``order``; for an adapted one :func:`rank_buildings` with
+    :data:`ADAPTED_UNCERTAINTY` interleaved with ``order`` (``share`` of the picks from it).
+
+    Args:
+        probabilities, embedding, n, labelled_embedding: as :func:`rank_buildings`.
+        adapted: whether the probabilities are those of a head adapted to the event.
+        order: the buildings in a random order (indices); None: :func:`random_order` seeded 0.
+        share: the share of an adapted model's picks taken from ``order``.
+
+    Returns:
+        ``(order, distance)`` as :func:`rank_buildings`.
+    """
+    m = len(probabilities)
+    n = max(0, min(int(n), m))
+    drawn = random_order(m) if order is None else np.asarray(order, dtype=np.int64)
+    if sorted(drawn.tolist()) != list(range(m)):
+        raise ValueError(f"order must be a permutation of the {m} buildings")
+    if not adapted:
+        picks = drawn[:n].tolist()
+    else:
+        unsure, _ = rank_buildings(
             probabilities, embedding, n, labelled_embedding, uncertain=ADAPTED_UNCERTAINTY
         )
-    return rank_by_grade(probabilities, embedding, n, labelled_embedding)
+        picks = interleave(unsure, drawn, n, share)
+    return np.asarray(picks, dtype=np.int64), _distances(embedding, picks, labelled_embedding)
 
 
 def suggest(
@@ -249,6 +282,7 @@ def suggest(
         n,
         np.concatenate(seen) if seen else None,
         adapted=getattr(predictor, "head", None) is not None,
+        order=id_order(pool.ids),
     )
     margin, entropy = uncertainty(pred.probabilities)
     names = predictor.class_names

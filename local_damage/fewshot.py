@@ -10,9 +10,10 @@ For each event of a chip store held out in turn:
 2. Per repeat, the event's labelled buildings are split at random into a pool and an evaluation
    set (the same for every arm and k of the repeat). From the pool, k labels are taken: the first
    k of a random order (``adapt-random``), or the suggestions (``adapt-suggested``) in rounds as
-   an analyst gets them: the first round (the smallest k) ranked by
-   :func:`app.suggest.suggestion_order` with the base model, each later round adding the top
-   ranked of the rest of the pool with the head adapted to the labels so far. The head is adapted to them with
+   an analyst gets them: the first round (the smallest k) by
+   :func:`app.suggest.suggestion_order` with the base model (a random draw: the random arm's),
+   each later round adding the top of the rest of the pool ranked with the head adapted to the
+   labels so far (its uncertain buildings interleaved with the next of the random draw). The head is adapted to them with
    :func:`app.adapt.adapt_head` (every head, the lowest cross-validated log-loss kept, as
    ``local-damage adapt`` does, with its rule for classes without a label, ``--unlabelled``) and
    the evaluation set is graded with it. Labels of a single
@@ -49,7 +50,7 @@ BASE_SPLIT = "fewshot-split.json"
 #: Written in an event's folder: its measurements and the settings they were made with.
 EVENT_JSON = "measurements.json"
 #: Changes whenever what the arms measure changes, so that older measurements are not reused.
-MEASURE_VERSION = 2  # 2: suggested labels in rounds (app.suggest.suggestion_order)
+MEASURE_VERSION = 4  # 2: suggested labels in rounds; 4: random first round, then mixed
 DEFAULT_K = (0, 5, 10, 20, 50)
 DEFAULT_CONFIG = "configs/default.yaml"
 
@@ -309,16 +310,20 @@ def measure_event(
         base = _scores(y[ev], base_pred[ev], names)
         for k in sorted(settings.k):
             if len(suggested) < k:
-                rest = np.setdiff1d(pool, suggested, assume_unique=True)
+                taken = set(suggested)
+                rest = np.asarray([i for i in pool if i not in taken], dtype=np.int64)
                 prob = p.probabilities[rest]
                 if head is not None:
                     prob = np.exp(head.log_probabilities(raw[rest], p.embedding[rest]))
+                # the random share is drawn in the pool's own random order: the first round is
+                # the random arm's draw, and a later round's random picks are the next of it
                 ranked, _ = suggestion_order(
                     prob,
                     p.embedding[rest],
                     k - len(suggested),
                     p.embedding[suggested] if suggested else None,
                     adapted=head is not None,
+                    order=np.arange(len(rest)),
                 )
                 suggested += rest[ranked].tolist()
             for arm in ("adapt-random", "adapt-suggested", "finetune"):

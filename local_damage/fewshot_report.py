@@ -157,9 +157,10 @@ def markdown(results: Mapping[str, Any]) -> str:
         "Each event is held out in turn: a base model is trained on the other events, then per "
         "repeat the event's labelled buildings are split at random into a pool and an evaluation "
         "set; k labels come from the pool (adapt-random and finetune: the first k of a random "
-        "order; adapt-suggested: in rounds, the smallest k ranked by "
-        "`app.suggest.suggestion_order` with the base model, each larger k adding the top of the "
-        "rest ranked with the head adapted to the labels so far), "
+        "order; adapt-suggested: in rounds, the smallest k by `app.suggest.suggestion_order` "
+        "with the base model, a random draw (the random arm's), each larger k adding the top of "
+        "the rest ranked with the head adapted to the labels so far: its uncertain buildings "
+        "interleaved with the next of the random draw), "
         "and every arm is scored on the same evaluation set. k = 0 is the base model. Cells: mean "
         "+- sd over repeats; the mean rows: mean +- sd over events of the events' means.",
         "",

@@ -470,37 +470,48 @@ def test_rank_takes_typical_buildings_of_each_cluster_biggest_first():
     assert np.linalg.norm(z[first] - z[cluster == 0].mean(0)) <= np.median(spread)
 
 
-def test_rank_by_grade_goes_round_the_predicted_grades_most_predicted_first():
-    """Before adapting, the picks cycle through the grades the model predicts (40, 25, 10
-    buildings), each grade's typical building first, and every pick is a new building."""
-    from app.suggest import rank_buildings, rank_by_grade, suggestion_order
+def test_suggestions_draw_at_random_before_adapting_then_mix_in_the_uncertain():
+    """A model not adapted to the event gets the random order's first picks; an adapted one gets
+    its most uncertain buildings and the random order's in turn, never one building twice."""
+    from app.suggest import id_order, interleave, rank_buildings, suggestion_order
 
     rng = np.random.default_rng(1)
-    sizes = {2: 40, 0: 25, 3: 10}
-    z = np.vstack([np.eye(4, 12)[g] + 0.1 * rng.normal(size=(n, 12)) for g, n in sizes.items()])
-    grade = np.repeat(list(sizes), list(sizes.values()))
-    p = np.full((len(z), 4), 0.1)
-    p[np.arange(len(z)), grade] = 0.7
-    order, dist = rank_by_grade(p, z, 7)
-    assert grade[order].tolist() == [2, 0, 3, 2, 0, 3, 2]
-    assert len(set(order.tolist())) == 7 and np.all(dist > 0) and dist[0] == 1.0
-    # within a grade, the order of rank_buildings over that grade's buildings
-    twos = np.flatnonzero(grade == 2)
-    inner, _ = rank_buildings(p[twos], z[twos], 3)
-    assert order[[0, 3, 6]].tolist() == twos[inner].tolist()
-    # a model not adapted to the event ranks by grade; an adapted one by its hesitation
-    assert suggestion_order(p, z, 7)[0].tolist() == order.tolist()
-    unsure, _ = suggestion_order(p, z, 7, adapted=True)
-    assert unsure.tolist() == rank_buildings(p, z, 7, uncertain=1.0)[0].tolist()
-    # labelled buildings are kept away from: the nearest pick to one is not a duplicate
-    _, away = rank_by_grade(p, z, 3, labelled_embedding=z[order[:1]])
-    assert away.min() > 0
+    z = rng.normal(size=(30, 12))
+    p = rng.dirichlet(np.ones(4), size=30)
+    order = rng.permutation(30)
+    first, dist = suggestion_order(p, z, 7, order=order)
+    assert first.tolist() == order[:7].tolist()
+    assert dist[0] == 1.0 and np.all(dist[1:] > 0)
+    mixed, _ = suggestion_order(p, z, 8, adapted=True, order=order)
+    unsure, _ = rank_buildings(p, z, 8, uncertain=1.0)
+    assert len(set(mixed.tolist())) == 8
+    # every prefix is half random (rounded up), half uncertain: random, uncertain, random, ...
+    assert mixed[0] == order[0] and mixed[2] in order[:3]
+    assert mixed[1] in unsure[:2] and mixed[3] in unsure[:4]
+    assert suggestion_order(p, z, 8, adapted=True, order=order, share=0.0)[0].tolist() == (
+        unsure.tolist()
+    )
+    assert suggestion_order(p, z, 8, adapted=True, order=order, share=1.0)[0].tolist() == (
+        order[:8].tolist()
+    )
+    with pytest.raises(ValueError, match="permutation"):
+        suggestion_order(p, z, 3, order=[0, 0, 1])
+    # a queue that runs out hands over to the other; shares other than a half spread evenly
+    assert interleave([1, 2], [3, 4, 5, 6], 5, 0.5) == [3, 1, 4, 2, 5]
+    assert interleave([1, 2, 3, 4], [5, 6, 7, 8], 8, 0.25) == [5, 1, 2, 3, 6, 4, 7, 8]
+    assert interleave([1, 2], [2, 1], 3, 0.5) == [2, 1]
+    # the order of ids is a fixed shuffle: labelling some leaves the others' order as it was
+    ids = [f"tile:{i}" for i in range(40)]
+    every = id_order(ids)
+    assert sorted(every.tolist()) == list(range(40)) and every.tolist() != list(range(40))
+    kept = [ids[i] for i in range(40) if i % 3]
+    assert [kept[i] for i in id_order(kept)] == [ids[i] for i in every if i % 3]
 
 
 def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path, capsys):
     from app.labelled import Buildings
     from app.predictor import Predictor
-    from app.suggest import suggest, suggestion_order
+    from app.suggest import id_order, suggest, suggestion_order
 
     hidden = np.arange(len(store)) % 2 == 0
     pool = Buildings(
@@ -515,8 +526,11 @@ def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path
     mine = predictor.predict(pool.pre[hidden], pool.post[hidden])
     seen = predictor.predict(pool.pre[~hidden], pool.post[~hidden]).embedding
     assert predictor.head is not None  # adapted: its hesitation counts
-    order, dist = suggestion_order(mine.probabilities, mine.embedding, 5, seen, adapted=True)
-    assert ids == [np.asarray(store.ids)[hidden][i] for i in order]
+    hidden_ids = np.asarray(store.ids)[hidden]
+    order, dist = suggestion_order(
+        mine.probabilities, mine.embedding, 5, seen, adapted=True, order=id_order(hidden_ids)
+    )
+    assert ids == [hidden_ids[i] for i in order]
     np.testing.assert_allclose([r.distance for r in rows], dist, atol=1e-5)
     assert min(dist) > 0  # no pick duplicates a labelled building or an earlier pick
 

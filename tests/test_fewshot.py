@@ -188,7 +188,10 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     ev = [where[c] for c in split["eval"]]
     pool = [where[c] for c in split["pool"]]
     pred = base.predict(store.pre[pool], store.post[pool])
-    first, _ = suggestion_order(pred.probabilities, pred.embedding, KS[1])
+    first, _ = suggestion_order(
+        pred.probabilities, pred.embedding, KS[1], order=np.arange(len(pool))
+    )
+    assert first.tolist() == list(range(KS[1]))  # the first round: the random arm's draw
     rows = {
         (r["arm"], r["k"]): r
         for r in results["measurements"]
@@ -228,6 +231,7 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
                 KS[2] - KS[1],
                 adapted.predict(given.pre, given.post).embedding,
                 adapted=True,
+                order=np.arange(len(rest)),  # the random share: the rest of the pool's order
             )
             second = rows["adapt-suggested", KS[2]]["labelled"]
             assert second == r["labelled"] + [store.ids[rest[i]] for i in more]
