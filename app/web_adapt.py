@@ -6,8 +6,9 @@ assessment of the same event in the app's work folder: :func:`event_labels` read
 (:func:`app.labelled.from_corrections`), a building corrected in several assessments counting once,
 with its latest class. :func:`adapt_to_event` fits a head on them (:func:`app.adapted.adapt_model`)
 and writes the adapted model, atomically, as ``WORK/models/<event>-adapted-<n>.onnx``, the folder
-whose models the app adds to its picker. :func:`suggest_next` ranks the tile's uncorrected
-buildings by how much a correction is likely to help (:func:`app.suggest.suggest`).
+whose models the app adds to its picker. :func:`suggest_next` lists the tile's uncorrected
+buildings to correct next (:func:`app.suggest.suggest`: a random draw before the model is adapted,
+then its uncertain buildings and the random draw in turn).
 """
 
 from __future__ import annotations
