@@ -3,7 +3,7 @@
 Two rankings, chosen by what the model knows of the event (:func:`suggestion_order`):
 
 - **Before the model is adapted to the event** (no head fitted to its labels yet): a random
-  draw (:func:`random_order`). On an unseen event the base model is wrong about many buildings,
+  draw (:func:`id_order` in the app). On an unseen event the base model is wrong about many buildings,
   and no ranking built on its grades, hesitation or embedding was measured to beat a random draw
   for the first labels (docs/results.md, "How the ranking was chosen"); a random draw is also an
   unbiased sample of the event, which the adapted head's class balance needs.
@@ -171,11 +171,6 @@ def id_order(ids: Sequence[str]) -> np.ndarray:
     return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
-def random_order(m: int, seed: int = 0) -> np.ndarray:
-    """A seeded random order of ``m`` buildings (a permutation of ``range(m)``)."""
-    return np.random.default_rng(seed).permutation(int(m)).astype(np.int64)
-
-
 def interleave(first: Sequence[int], second: Sequence[int], n: int, share: float) -> list[int]:
     """``n`` distinct items: pick ``j`` (from 0) is the next of ``second`` not taken yet when
     ``ceil((j + 1) * share) > ceil(j * share)``, else the next of ``first`` (the other when one
@@ -221,7 +216,8 @@ def suggestion_order(
     n: int,
     labelled_embedding: np.ndarray | None = None,
     adapted: bool = False,
-    order: Sequence[int] | None = None,
+    *,
+    order: Sequence[int],
     share: float = RANDOM_SHARE,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ranking :func:`suggest` uses (module docstring): for a model not adapted to the event
@@ -231,7 +227,8 @@ def suggestion_order(
     Args:
         probabilities, embedding, n, labelled_embedding: as :func:`rank_buildings`.
         adapted: whether the probabilities are those of a head adapted to the event.
-        order: the buildings in a random order (indices); None: :func:`random_order` seeded 0.
+        order: the buildings in a random order (a permutation of their indices: :func:`id_order`
+            in the app, the pool's own random order in ``bench fewshot``).
         share: the share of an adapted model's picks taken from ``order``.
 
     Returns:
@@ -239,7 +236,7 @@ def suggestion_order(
     """
     m = len(probabilities)
     n = max(0, min(int(n), m))
-    drawn = random_order(m) if order is None else np.asarray(order, dtype=np.int64)
+    drawn = np.asarray(order, dtype=np.int64)
     if sorted(drawn.tolist()) != list(range(m)):
         raise ValueError(f"order must be a permutation of the {m} buildings")
     if not adapted:
