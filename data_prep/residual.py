@@ -19,8 +19,8 @@ same place, sub-pixel by a parabola through the peak. Two windows are measured:
   building, whose parallax and damage move it anyway, so this catches only large, unambiguous
   shifts.
 
-``app.flags`` flags ``misaligned`` above ``app.flags.MISALIGNED_CONTEXT_PX`` (context) or
-``app.flags.MISALIGNED_PX`` (chip). Both limits were chosen on real xBD tiles and measured on
+``runtime.flags`` flags ``misaligned`` above ``runtime.flags.MISALIGNED_CONTEXT_PX`` (context) or
+``runtime.flags.MISALIGNED_PX`` (chip). Both limits were chosen on real xBD tiles and measured on
 held-out ones (``local-damage bench alignment``, docs/flags.md). Sign convention as in
 :mod:`data_prep.alignment`: the post image shows at ``(x + dx, y + dy)`` what the pre image shows
 at ``(x, y)``. (google-research/skai likewise template-matches each building's pre image inside
@@ -169,7 +169,7 @@ def chip_shift(pre: np.ndarray, post: np.ndarray, search: float = CHIP_SEARCH) -
 def residual_shift(pre: np.ndarray, post: np.ndarray) -> float | None:
     """Length in chip pixels of a chip pair's own pre/post shift, or None when it cannot be
     measured with confidence (:attr:`ChipShift.measurable`). The chip-only ``misaligned``
-    measurement of ``app.flags``."""
+    measurement of ``runtime.flags``."""
     s = chip_shift(pre, post)
     return s.length if s.measurable else None
 

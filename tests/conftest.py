@@ -61,7 +61,7 @@ def score_model(tmp_path_factory) -> Path:
     from data_prep.synthetic import make_xbd
     from data_prep.xbd import prepare_xbd
     from local_damage.config import load_yaml
-    from local_damage.export import export_run
+    from local_damage.export.model import export_run
     from local_damage.train.config import Config
     from local_damage.train.loop import train
 

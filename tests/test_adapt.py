@@ -17,7 +17,7 @@ import pytest
 
 
 def run_cli(*argv: str) -> int:
-    from local_damage.cli import main
+    from cli.main import main
 
     return main([str(a) for a in argv])
 
@@ -38,8 +38,8 @@ def base(score_model, chips, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def store(base, chips):
-    from app.labelled import from_chip_store
-    from app.predictor import Predictor
+    from app.adapt.labelled import from_chip_store
+    from runtime.predictor import Predictor
 
     return from_chip_store(chips, Predictor(base).class_names)
 
@@ -60,7 +60,7 @@ def _nll(probabilities: np.ndarray, labels: np.ndarray) -> float:
 
 
 def test_adapted_model_reproduces_its_labels_better_than_the_base(base, adapted, store, capsys):
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     old = Predictor(base).predict(store.pre, store.post)
     new = Predictor(adapted).predict(store.pre, store.post)
@@ -76,8 +76,8 @@ def test_adapted_model_reproduces_its_labels_better_than_the_base(base, adapted,
 
 
 def test_metadata_records_base_labels_and_every_candidate(base, adapted, store):
-    from app.adapt import METHODS
-    from app.predictor import Predictor
+    from app.adapt.fit import METHODS
+    from runtime.predictor import Predictor
 
     md = Predictor(adapted).metadata
     block = md["adaptation"]
@@ -102,8 +102,8 @@ def test_metadata_records_base_labels_and_every_candidate(base, adapted, store):
 
 
 def test_model_card_shows_the_adaptation(adapted, base):
-    from app.predictor import Predictor
-    from app.web import card_markdown
+    from app.web.app import card_markdown
+    from runtime.predictor import Predictor
 
     text = card_markdown(Predictor(adapted))
     line = next(x for x in text.splitlines() if x.startswith("- adapted to a new event"))
@@ -113,8 +113,8 @@ def test_model_card_shows_the_adaptation(adapted, base):
 
 
 def test_adapting_an_adapted_model_refits_from_the_base(adapted, base, store, tmp_path):
-    from app.adapted import adapt_model
-    from app.predictor import Predictor
+    from app.adapt.model import adapt_model
+    from runtime.predictor import Predictor
 
     again = adapt_model(Predictor(adapted), store, tmp_path / "again.onnx").block
     first = Predictor(adapted).metadata["adaptation"]
@@ -133,9 +133,9 @@ def test_adapting_an_adapted_model_refits_from_the_base(adapted, base, store, tm
 def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_path):
     """Labels of no-damage and destroyed only, ``--unlabelled keep``: for every building, p(minor)
     and p(major) are the base model's calibrated probabilities."""
-    from app.adapted import adapt_model
-    from app.labelled import Buildings
-    from app.predictor import Predictor
+    from app.adapt.labelled import Buildings
+    from app.adapt.model import adapt_model
+    from runtime.predictor import Predictor
 
     keep = np.isin(store.labels, [0, 3])
     partial = Buildings(
@@ -155,9 +155,9 @@ def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, stor
     """The default rule: p(c) of a class without a label is the base model's times
     ``1 / (1 + e_c)``, ``e_c`` the base model's expected count of c among the labelled buildings;
     the labelled classes share the rest, and the model file says so."""
-    from app.adapted import adapt_model, format_adaptation
-    from app.labelled import Buildings
-    from app.predictor import Predictor
+    from app.adapt.labelled import Buildings
+    from app.adapt.model import adapt_model, format_adaptation
+    from runtime.predictor import Predictor
 
     keep = np.isin(store.labels, [0, 3])
     partial = Buildings(
@@ -181,7 +181,7 @@ def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, stor
 def test_a_class_the_base_model_never_expects_keeps_its_probability():
     """Head arithmetic: labels on buildings where the base model gives class 2 almost nothing
     leave p(2) as it was elsewhere (rho near 1); labels on buildings it called 2 shrink it."""
-    from app.adapt import adapt_head, log_softmax
+    from app.adapt.fit import adapt_head, log_softmax
 
     rng = np.random.default_rng(3)
     z = rng.normal(size=(40, 8))
@@ -206,7 +206,7 @@ def test_a_class_the_base_model_never_expects_keeps_its_probability():
 def test_an_unlabelled_class_region_keeps_its_grade():
     """Pure head arithmetic on inputs where the base model says class 2 with p > 0.5: the
     adapted argmax stays 2 and p(2) is unchanged, whatever the head does to classes 0, 1, 3."""
-    from app.adapt import adapt_head, log_softmax
+    from app.adapt.fit import adapt_head, log_softmax
 
     rng = np.random.default_rng(0)
     z = rng.normal(size=(60, 8))
@@ -225,7 +225,7 @@ def test_an_unlabelled_class_region_keeps_its_grade():
 
 
 def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
-    from app.adapt import AdaptError, adapt_head
+    from app.adapt.fit import AdaptError, adapt_head
 
     raw = np.zeros((5, 4))
     with pytest.raises(AdaptError, match="at least two classes"):
@@ -246,7 +246,7 @@ def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
 def test_a_thousand_labels_use_stratified_k_fold():
     """1,000 labels of 128-d embeddings: stratified 5-fold of every head, then the final fit
     (the fit time is printed by the command and measured in docs/adapt.md, not asserted)."""
-    from app.adapt import adapt_head, unit
+    from app.adapt.fit import adapt_head, unit
 
     rng = np.random.default_rng(1)
     y = rng.integers(0, 4, 1000)
@@ -262,9 +262,9 @@ def test_a_thousand_labels_use_stratified_k_fold():
 
 
 def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
-    from app.flags import Flagger
-    from app.predictor import Predictor
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
+    from runtime.flags import Flagger
+    from runtime.predictor import Predictor
 
     xbd = score_model.parent / "xbd"
     label = sorted((xbd / "labels").glob("*_post_disaster.json"))[0]
@@ -284,10 +284,10 @@ def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
 
 
 def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path, capsys):
-    from app.adapted import adapt_model
-    from app.labelled import concat, from_corrections, from_xbd
-    from app.predictor import Predictor
-    from app.web import assess_tile, save_correction
+    from app.adapt.labelled import concat, from_corrections, from_xbd
+    from app.adapt.model import adapt_model
+    from app.web.app import assess_tile, save_correction
+    from runtime.predictor import Predictor
 
     predictor = Predictor(base)
     xbd = score_model.parent / "xbd"
@@ -315,8 +315,8 @@ def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_p
     assert [i.split(":", 1)[1] for i in fixed.ids] == [result.rows[r]["uid"] for r in scored]
 
     # the whole tile for --suggest: the corrected buildings labelled, the others the pool
-    from app.labelled import from_session
-    from app.suggest import suggest
+    from app.adapt.labelled import from_session
+    from app.adapt.suggest import suggest
 
     tile_all = from_session(result.session, predictor.spec, predictor.class_names)
     assert len(tile_all) == sum(r["status"] == "scored" for r in result.rows)
@@ -431,7 +431,7 @@ def test_bad_corrections_name_the_file(base, tmp_path, capsys):
 
 
 def test_rank_by_uncertainty_puts_the_most_uncertain_first_and_spreads_the_rest():
-    from app.suggest import rank_buildings
+    from app.adapt.suggest import rank_buildings
 
     p = np.array(
         [[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0.55, 0.45, 0, 0], [0.9, 0.1, 0, 0], [1, 0, 0, 0]]
@@ -450,7 +450,7 @@ def test_rank_takes_typical_buildings_of_each_cluster_biggest_first():
     """Three clusters of 60, 30 and 10 buildings plus 5 outliers: the default ranking starts with
     a central building of the big cluster, then one of each other cluster, before any outlier or
     second building of a cluster."""
-    from app.suggest import rank_buildings, typicality
+    from app.adapt.suggest import rank_buildings, typicality
 
     rng = np.random.default_rng(0)
     centres = np.eye(3, 16)
@@ -473,7 +473,7 @@ def test_rank_takes_typical_buildings_of_each_cluster_biggest_first():
 def test_suggestions_draw_at_random_before_adapting_then_mix_in_the_uncertain():
     """A model not adapted to the event gets the random order's first picks; an adapted one gets
     its most uncertain buildings and the random order's in turn, never one building twice."""
-    from app.suggest import id_order, interleave, rank_buildings, suggestion_order
+    from app.adapt.suggest import id_order, interleave, rank_buildings, suggestion_order
 
     rng = np.random.default_rng(1)
     z = rng.normal(size=(30, 12))
@@ -509,9 +509,9 @@ def test_suggestions_draw_at_random_before_adapting_then_mix_in_the_uncertain():
 
 
 def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path, capsys):
-    from app.labelled import Buildings
-    from app.predictor import Predictor
-    from app.suggest import id_order, suggest, suggestion_order
+    from app.adapt.labelled import Buildings
+    from app.adapt.suggest import id_order, suggest, suggestion_order
+    from runtime.predictor import Predictor
 
     hidden = np.arange(len(store)) % 2 == 0
     pool = Buildings(
@@ -593,9 +593,9 @@ def test_adapt_and_suggest_on_a_georeferenced_scene(base, synthetic_scene, tmp_p
 
 
 def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene, tmp_path):
-    from app.labelled import from_corrections, from_session
-    from app.predictor import Predictor
-    from app.web import assess_tile, save_correction
+    from app.adapt.labelled import from_corrections, from_session
+    from app.web.app import assess_tile, save_correction
+    from runtime.predictor import Predictor
 
     s = synthetic_scene
     predictor = Predictor(base)
@@ -622,7 +622,7 @@ def test_adapt_runs_without_torch(base, chips, tmp_path):
     out = tmp_path / "m.onnx"
     code = (
         "import sys\n"
-        "from local_damage.cli import main\n"
+        "from cli.main import main\n"
         f"rc = main(['adapt', '--model', {str(base)!r}, '--chips', {str(chips)!r}, "
         f"'--out', {str(out)!r}])\n"
         "assert rc == 0, rc\n"
@@ -636,7 +636,7 @@ def test_adapt_runs_without_torch(base, chips, tmp_path):
 def test_predictor_rejects_a_broken_head(adapted, tmp_path):
     import onnx
 
-    from app.predictor import ModelError, Predictor
+    from runtime.predictor import ModelError, Predictor
 
     proto = onnx.load(str(adapted))
     for prop in proto.metadata_props:

@@ -220,9 +220,9 @@ def test_joplin_post_moved_through_its_transform(tmp_path):
     """
     import geopandas as gpd
 
-    from app.predictor import Predictor
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
     from data_prep.mosaic import open_scene
+    from runtime.predictor import Predictor
     from tests.conftest import REPO
 
     root = shared_data("joplin_geotiff")
@@ -290,7 +290,7 @@ def test_real_tile_aligned_by_correlation_when_phase_correlation_disagrees():
 
 @pytest.mark.realdata
 def test_bench_alignment_on_the_bundled_chip_store():
-    from app.bench_alignment import bench_alignment, format_result
+    from bench.alignment import bench_alignment, format_result
     from tests.conftest import REPO
 
     shared_data("xbd_sample")

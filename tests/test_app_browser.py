@@ -54,7 +54,7 @@ def bench_model(tmp_path_factory) -> Path:
     from data_prep.synthetic import make_xbd
     from data_prep.xbd import prepare_xbd
     from local_damage.config import load_yaml
-    from local_damage.export import export_run
+    from local_damage.export.model import export_run
     from local_damage.train.config import Config
     from local_damage.train.loop import train
 
@@ -111,7 +111,7 @@ def bench_tile(tmp_path_factory) -> tuple[Path, Path, Path]:
 def server(bench_model, tmp_path_factory):
     """The app serving on a free local port; yields its URL."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from app.web import launch
+    from app.web.app import launch
 
     port = _free_port()
     demo = launch(
@@ -238,7 +238,7 @@ def test_browser_assess_tile(server, bench_model, bench_tile):
 
             default = bench_model.parent / "default.onnx"
             if default.is_file():  # the bundled default model, as a newcomer gets it
-                from app.predictor import Predictor
+                from runtime.predictor import Predictor
 
                 card = Predictor(default).card()
                 page.locator("#model input").click()
@@ -267,7 +267,7 @@ def test_browser_assess_tile_without_footprints(server, bench_model, bench_tile)
         pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
     from playwright.sync_api import expect, sync_playwright
 
-    from app.localizer import LOCALIZER_NAME, Localizer
+    from runtime.localizer import LOCALIZER_NAME, Localizer
     from tests.test_detect import make_localizer
 
     pre, post, _ = bench_tile
@@ -395,8 +395,8 @@ def test_gradio_client_bad_input_keeps_serving(server, bench_model, bench_tile, 
 @pytest.mark.realdata
 def test_real_xbd_tile_assessed(score_model, tmp_path):
     """A real xBD tile from ../shared/data/xbd_sample through the tile-mode function."""
-    from app.predictor import Predictor
-    from app.web import assess_tile
+    from app.web.app import assess_tile
+    from runtime.predictor import Predictor
 
     root = shared_data("xbd_sample")
     labels = sorted(root.rglob("*_post_disaster.json"))

@@ -16,7 +16,7 @@ from data_prep.spec import CLASS_NAMES
 @pytest.fixture(scope="module")
 def map_model(score_model, tmp_path_factory) -> Path:
     """The shared tiny run exported again with the latent change map as a third output."""
-    from local_damage.export import export_run
+    from local_damage.export.model import export_run
 
     out = tmp_path_factory.mktemp("map_model") / "tiny_map.onnx"
     export_run(score_model.parent / "run", out, parity_limit=16, change_map=True)
@@ -25,7 +25,7 @@ def map_model(score_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def predictor(score_model):
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     return Predictor(score_model)
 
@@ -46,7 +46,7 @@ def xbd_tile(synthetic_xbd):
 
 @pytest.fixture(scope="module")
 def tile_result(predictor, xbd_tile, tmp_path_factory):
-    from app.web import assess_tile
+    from app.web.app import assess_tile
 
     pre, post, label, _ = xbd_tile
     return assess_tile(predictor, pre, post, label, tmp_path_factory.mktemp("session"))
@@ -83,7 +83,7 @@ def test_assess_tile_pixel_only_labels_give_a_geopackage(predictor, xbd_tile, tm
     pixel coordinates is written instead, in one scoring pass."""
     from pyogrio.raw import read
 
-    from app.web import assess_tile
+    from app.web.app import assess_tile
 
     pre, post, label, n = xbd_tile
     data = json.loads(label.read_text())
@@ -97,7 +97,7 @@ def test_assess_tile_pixel_only_labels_give_a_geopackage(predictor, xbd_tile, tm
 
 
 def test_assess_tile_georeferenced_scene(predictor, synthetic_scene, tmp_path):
-    from app.web import assess_tile
+    from app.web.app import assess_tile
 
     s = synthetic_scene
     r = assess_tile(predictor, s.pre[0], s.post[0], s.buildings, tmp_path / "s")
@@ -108,7 +108,7 @@ def test_assess_tile_georeferenced_scene(predictor, synthetic_scene, tmp_path):
 
 
 def test_building_chips_xbd_and_scene(predictor, tile_result, synthetic_scene, tmp_path):
-    from app.web import AppError, assess_tile, building_chips
+    from app.web.app import AppError, assess_tile, building_chips
 
     size = predictor.spec.chip_size
     destroyed = next(i for i, row in enumerate(tile_result.rows) if row["status"] == "scored")
@@ -126,7 +126,7 @@ def test_building_chips_xbd_and_scene(predictor, tile_result, synthetic_scene, t
 
 
 def test_corrections_xbd_feed_prepare(predictor, xbd_tile, tmp_path):
-    from app.web import AppError, assess_tile, save_correction
+    from app.web.app import AppError, assess_tile, save_correction
     from data_prep.report import PrepareReport
     from data_prep.xbd import parse_buildings, prepare_xbd
 
@@ -149,7 +149,7 @@ def test_corrections_xbd_feed_prepare(predictor, xbd_tile, tmp_path):
 
 
 def test_corrections_georeferenced_read_by_load_footprints(predictor, synthetic_scene, tmp_path):
-    from app.web import assess_tile, save_correction
+    from app.web.app import assess_tile, save_correction
     from data_prep.footprints import load_footprints
 
     s = synthetic_scene
@@ -176,7 +176,7 @@ def _png_header(path: Path, width: int, height: int) -> Path:
 def test_bad_inputs_give_clear_errors(predictor, xbd_tile, tmp_path):
     import cv2
 
-    from app.web import AppError, assess_tile
+    from app.web.app import AppError, assess_tile
 
     pre, post, label, _ = xbd_tile
     out = tmp_path / "s"
@@ -215,7 +215,7 @@ def test_bad_inputs_give_clear_errors(predictor, xbd_tile, tmp_path):
 
 
 def test_vector_footprints_need_georeferenced_tiles(predictor, xbd_tile, synthetic_scene, tmp_path):
-    from app.web import AppError, assess_tile
+    from app.web.app import AppError, assess_tile
 
     pre, post, _, _ = xbd_tile
     with pytest.raises(AppError, match="not georeferenced"):
@@ -223,7 +223,7 @@ def test_vector_footprints_need_georeferenced_tiles(predictor, xbd_tile, synthet
 
 
 def test_model_cache_refuses_bad_and_unoffered_models(score_model, tmp_path):
-    from app.web import AppError, ModelCache
+    from app.web.app import AppError, ModelCache
 
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"definitely not protobuf")
@@ -238,8 +238,8 @@ def test_model_cache_refuses_bad_and_unoffered_models(score_model, tmp_path):
 def test_change_map_output_matches_pytorch(map_model, score_model):
     import torch
 
-    from app.predictor import Predictor
-    from local_damage.export import load_run, uint8_model
+    from local_damage.export.model import load_run, uint8_model
+    from runtime.predictor import Predictor
 
     p = Predictor(map_model)
     assert p.has_change_map and p.metadata["outputs"] == ["logits", "embedding", "change_map"]
@@ -253,7 +253,7 @@ def test_change_map_output_matches_pytorch(map_model, score_model):
     np.testing.assert_allclose(plain.logits, got.logits, atol=1e-6)
     model = load_run(score_model.parent / "run").model
     wrapper = uint8_model(model, change_map=True)
-    from app.predictor import resize_chips
+    from runtime.predictor import resize_chips
 
     size = p.input_size
     with torch.inference_mode():
@@ -268,8 +268,8 @@ def test_change_map_output_matches_pytorch(map_model, score_model):
 def test_assess_chip_heatmap(map_model, score_model, xbd_tile, tmp_path):
     import cv2
 
-    from app.predictor import Predictor
-    from app.web import DISPLAY_SIZE, AppError, assess_chip, make_examples
+    from app.web.app import DISPLAY_SIZE, AppError, assess_chip, make_examples
+    from runtime.predictor import Predictor
 
     ex = make_examples(tmp_path / "ex")
     assert len(ex["chip"]) == 2 and len(ex["tile"]) == 1
@@ -295,9 +295,9 @@ def test_assess_chip_heatmap(map_model, score_model, xbd_tile, tmp_path):
 
 
 def test_card_and_cli_parser(score_model, tmp_path, capsys):
-    from app.predictor import Predictor
-    from app.web import card_markdown, model_choices
-    from local_damage.cli import build_parser, main
+    from app.web.app import card_markdown, model_choices
+    from cli.main import build_parser, main
+    from runtime.predictor import Predictor
 
     text = card_markdown(Predictor(score_model))
     for name in CLASS_NAMES:

@@ -40,7 +40,7 @@ def _check_rows(rows, encoder, input_size, pairs, runtimes):
 
 
 def test_bench_infer_random_models_table(capsys):
-    from local_damage.bench_infer import bench_infer, format_table
+    from bench.infer import bench_infer, format_table
 
     figures = bench_infer(
         encoders=["resnet18"],
@@ -70,7 +70,7 @@ def test_bench_infer_random_models_table(capsys):
 
 
 def test_bench_infer_cli_json_with_a_trained_run(score_model, capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     run = score_model.parent / "run"
     rc = main(
@@ -100,7 +100,7 @@ def test_bench_infer_cli_json_with_a_trained_run(score_model, capsys):
 
 
 def test_bench_infer_cli_errors(tmp_path, capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     assert main(["bench", "infer", "--run", str(tmp_path)]) == 2
     assert str(tmp_path) in capsys.readouterr().err

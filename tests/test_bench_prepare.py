@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from data_prep.bench import bench_prepare, format_table
+from bench.prepare import bench_prepare, format_table
+from cli.main import main
 from data_prep.spec import ChipSpec
 from data_prep.store import read_manifest
 from data_prep.xbd import prepare_xbd
-from local_damage.cli import main
 
 
 def test_bench_figures_are_well_formed(synthetic_xbd, tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.mark.timeout(240)
 def test_bench_score_json(capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     rc = main(["bench", "score", "--count", "3", "--workers", "1", "2", "--json"])
     assert rc == 0
@@ -34,8 +34,8 @@ def test_bench_score_json(capsys):
 
 
 def test_bench_score_table_and_errors(tmp_path, capsys):
-    from app.bench_score import format_table
-    from local_damage.cli import main
+    from bench.score import format_table
+    from cli.main import main
 
     table = format_table(
         {

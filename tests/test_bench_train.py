@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from local_damage import bench_train as bt
-from local_damage.cli import main
+from bench import train as bt
+from cli.main import main
 from local_damage.models import ModelConfig, build_model
 
 TINY = ["--encoders", "resnet18", "--sizes", "32", "--batches", "2", "--steps", "1"]

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.calibration import CalibrationError, fit_temperature, scaled_nll
-from local_damage.cli import main
+from cli.main import main
 from local_damage.metrics import (
     brier_score,
     calibration_metrics,
@@ -22,6 +21,7 @@ from local_damage.metrics import (
     negative_log_likelihood,
     reliability_bins,
 )
+from runtime.calibration import CalibrationError, fit_temperature, scaled_nll
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def test_fit_tells_temperatures_apart():
 def test_temperature_never_changes_the_argmax():
     rng = np.random.default_rng(1)
     logits = rng.normal(scale=4.0, size=(5000, 4)).astype(np.float32)
-    from app.predictor import softmax
+    from runtime.predictor import softmax
 
     for t in (0.05, 0.7, 1.0, 3.0, 50.0):
         np.testing.assert_array_equal(softmax(logits / np.float32(t)).argmax(1), logits.argmax(1))
@@ -219,7 +219,7 @@ def test_calibrate_writes_the_temperature_and_the_predictor_applies_it(
 ):
     import onnxruntime as ort
 
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     block = _props(calibrated)["calibration"]
     t = block["temperature"]
@@ -255,8 +255,8 @@ def test_calibrate_on_given_chips_equals_the_fold_they_make_up(
     """Chips given by id (a validation slice) fit what the same chips as a fold fit; the stored
     block names the selection; the prototypes can come from given chips too."""
     from data_prep.split import fold_indices
-    from local_damage.calibrate import calibrate_model
-    from local_damage.evaluate import select_chips
+    from local_damage.evaluation.calibrate import calibrate_model
+    from local_damage.evaluation.evaluate import select_chips
 
     ids = select_chips(chips, 0)[0]
     assert set(ids) <= set(fold_indices(chips, 0)[1])
@@ -321,8 +321,8 @@ def test_calibrate_errors_name_the_file(score_model, chips, tmp_path, capsys):
 def test_predictor_rejects_a_bad_temperature(score_model, tmp_path):
     import onnx
 
-    from app.predictor import ModelError, Predictor
-    from local_damage.export import save_onnx, set_metadata
+    from local_damage.export.model import save_onnx, set_metadata
+    from runtime.predictor import ModelError, Predictor
 
     proto = onnx.load(str(score_model))
     set_metadata(proto, {"calibration": {"temperature": -1.0}})
@@ -335,7 +335,7 @@ def test_calibrate_runs_without_torch(score_model, chips, tmp_path):
     out = tmp_path / "m.onnx"
     code = (
         "import sys\n"
-        "from local_damage.cli import main\n"
+        "from cli.main import main\n"
         f"rc = main(['calibrate', '--model', {str(score_model)!r}, '--chips', {str(chips)!r}, "
         f"'--fold', '0', '--out', {str(out)!r}, '--quiet'])\n"
         "assert rc == 0, rc\n"
@@ -395,8 +395,8 @@ def test_export_calibrate_fold(calibrated, score_model, tmp_path, capsys):
 
 
 def test_model_card_says_whether_the_model_is_calibrated(calibrated, score_model):
-    from app.predictor import Predictor
-    from app.web import card_markdown
+    from app.web.app import card_markdown
+    from runtime.predictor import Predictor
 
     block = _props(calibrated)["calibration"]
     text = card_markdown(Predictor(calibrated))

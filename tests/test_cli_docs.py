@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from local_damage.cli import build_parser, main
-from local_damage.cli_docs import render
+from cli.docs import render
+from cli.main import build_parser, main
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
 
 def test_cli_reference_is_current():
-    assert DOC.read_text() == render(), (
-        "regenerate with: python -m local_damage.cli_docs > docs/cli.md"
-    )
+    assert DOC.read_text() == render(), "regenerate with: python -m cli.docs > docs/cli.md"
 
 
 def test_every_subcommand_has_help_and_runs_help(capsys):

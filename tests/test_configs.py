@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from local_damage.cli import build_parser
+from cli.main import build_parser
 from local_damage.config import load_yaml
 from local_damage.losses.objective import uses_latent
 from local_damage.train.config import Config

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cli.main import main
 from data_prep.spec import CLASS_NAMES, ChipSpec
-from local_damage.cli import main
 
 TINY_YAML = """\
 model:
@@ -184,7 +184,7 @@ def test_cv_argument_errors(store, configs, tmp_path, capsys):
 
 
 def test_pooled_metrics_score_every_fold_as_one_set():
-    from local_damage.cv import pooled_metrics, summarise_method
+    from local_damage.experiments.cv import pooled_metrics, summarise_method
     from local_damage.metrics import classification_metrics
 
     names = list(CLASS_NAMES)

@@ -1,4 +1,4 @@
-"""Scoring without footprints: the localiser runtime (app.localizer), its use by `score` (scene
+"""Scoring without footprints: the localiser runtime (runtime.localizer), its use by `score` (scene
 and xBD modes), `demo` and the app, and the `source` column.
 
 The localiser here is a real ONNX graph built with onnx.helper that carries the localiser
@@ -152,7 +152,7 @@ def rect_scene(tmp_path_factory) -> dict:
 
 
 def run_cli(*args) -> int:
-    from local_damage.cli import main
+    from cli.main import main
 
     return main([str(a) for a in args])
 
@@ -167,8 +167,8 @@ def _read(path: Path):
 
 
 def test_localizer_reads_the_contract_and_refuses_other_models(loc, tmp_path):
-    from app.localizer import Localizer
-    from app.predictor import ModelError, Predictor
+    from runtime.localizer import Localizer
+    from runtime.predictor import ModelError, Predictor
 
     model = Localizer(loc)
     assert (model.tile_size, model.scale, model.threshold, model.min_area_px) == (64, 1.0, 0.5, 20)
@@ -188,7 +188,7 @@ def test_localizer_reads_the_contract_and_refuses_other_models(loc, tmp_path):
 def test_model_lists_leave_localizers_out(loc, tmp_path):
     import shutil
 
-    from app.predictor import default_model, list_models
+    from runtime.predictor import default_model, list_models
 
     shutil.copy(loc, tmp_path / "localizer.onnx")
     shutil.copy(loc, tmp_path / "a-localizer.onnx")
@@ -205,7 +205,7 @@ def test_predict_windows_stitch_without_seams(loc, tmp_path, shape, scale):
     """The fixture's answer is per pixel, so windows stitched right give the whole-image answer."""
     import cv2
 
-    from app.localizer import Localizer
+    from runtime.localizer import Localizer
 
     model = Localizer(make_localizer(tmp_path / "l.onnx", scale=scale, tile_size=64))
     rng = np.random.default_rng(1)
@@ -228,7 +228,7 @@ def test_predict_windows_stitch_without_seams(loc, tmp_path, shape, scale):
 
 
 def test_detect_finds_the_rectangles(loc):
-    from app.localizer import Localizer
+    from runtime.localizer import Localizer
 
     polygons = Localizer(loc).detect(draw())
     assert len(polygons) == len(RECTS)
@@ -240,8 +240,8 @@ def test_detect_finds_the_rectangles(loc):
 
 def test_scene_blocks_keep_each_building_once(loc, rect_scene):
     """Small blocks cut buildings at their edges; each is still found once and whole."""
-    from app.localizer import Localizer, detect_scene
     from data_prep.mosaic import open_scene
+    from runtime.localizer import Localizer, detect_scene
 
     model = Localizer(loc)
     with open_scene([rect_scene["pre"]], [rect_scene["post"]]) as scene:
@@ -293,9 +293,9 @@ def test_score_with_footprints_says_given(loc, rect_scene, tmp_path):
 
 def test_detected_and_given_grade_alike(loc, rect_scene, tmp_path):
     """Detected footprints close to the true ones are graded like them."""
-    from app.localizer import Localizer
-    from app.predictor import Predictor
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
+    from runtime.localizer import Localizer
+    from runtime.predictor import Predictor
 
     predictor = Predictor(DAMAGE_MODEL)
     given = score_scene(
@@ -336,8 +336,8 @@ def test_score_xbd_mode_without_labels(loc, rect_scene, tmp_path, capsys):
         r1 - r0
     )
     # with the label file the same command marks the buildings given
-    from app.predictor import Predictor
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
+    from runtime.predictor import Predictor
 
     labels = tmp_path / "rects_00000001_post_disaster.json"
     labels.write_text(
@@ -360,9 +360,9 @@ def test_score_xbd_mode_without_labels(loc, rect_scene, tmp_path, capsys):
 
 
 def test_no_localizer_says_how_to_get_one(rect_scene, tmp_path, monkeypatch, capsys):
-    import app.localizer
+    import runtime.localizer
 
-    monkeypatch.setattr(app.localizer, "default_localizer", lambda folder=None: None)
+    monkeypatch.setattr(runtime.localizer, "default_localizer", lambda folder=None: None)
     args = ["score", "--pre", rect_scene["pre"], "--post", rect_scene["post"]]
     args += ["--model", DAMAGE_MODEL, "--out", tmp_path / "x.geojson", "--quiet"]
     assert run_cli(*args) == 2
@@ -395,9 +395,9 @@ def test_demo_detect(loc, tmp_path, capsys):
 
 
 def test_app_assesses_a_tile_without_footprints(loc, rect_scene, tmp_path):
-    from app.localizer import Localizer
-    from app.predictor import Predictor
-    from app.web import assess_tile, building_chips, save_correction
+    from app.web.app import assess_tile, building_chips, save_correction
+    from runtime.localizer import Localizer
+    from runtime.predictor import Predictor
 
     predictor, localizer = Predictor(DAMAGE_MODEL), Localizer(loc)
     for pre, post, kind in (
@@ -423,12 +423,12 @@ def test_app_callback_detects_with_the_models_folder_localizer(
     models folder; without one it says how to get one."""
     import shutil
 
-    import app.localizer
-    from app.assessments import AppError
-    from app.detect import app_localizer
-    from app.web import build_app
+    import runtime.localizer
+    from app.scoring.detect import app_localizer
+    from app.web.app import build_app
+    from app.web.sessions import AppError
 
-    monkeypatch.setattr(app.localizer, "default_localizer", lambda folder=None: None)
+    monkeypatch.setattr(runtime.localizer, "default_localizer", lambda folder=None: None)
     with pytest.raises(AppError, match="no building localiser model available"):
         app_localizer(tmp_path / "empty")
     models = tmp_path / "models"
@@ -454,7 +454,7 @@ def test_app_callback_detects_with_the_models_folder_localizer(
 def test_score_batch_detects_scenes_without_footprints(
     loc, rect_scene, tmp_path, monkeypatch, capsys
 ):
-    import app.localizer
+    import runtime.localizer
 
     csv = tmp_path / "scenes.csv"
     pre, post = rect_scene["pre"], rect_scene["post"]
@@ -480,7 +480,7 @@ def test_score_batch_detects_scenes_without_footprints(
 
     # no localiser at all: the scenes without footprints fail with the reason, the rest go on
     # (in this process, where the install is patched to have no bundled localiser)
-    monkeypatch.setattr(app.localizer, "default_localizer", lambda folder=None: None)
+    monkeypatch.setattr(runtime.localizer, "default_localizer", lambda folder=None: None)
     capsys.readouterr()
     assert run_cli(*args, "--out", tmp_path / "out2", "--workers", "1") == 0
     summary = json.loads((tmp_path / "out2" / "summary.json").read_text())
@@ -494,7 +494,7 @@ def test_score_batch_detects_scenes_without_footprints(
 def test_scene_folder_without_footprints(rect_scene, tmp_path):
     import shutil
 
-    from app.batch import read_scene_list
+    from app.scoring.batch import read_scene_list
 
     for name, with_footprints in (("a", True), ("b", False)):
         folder = tmp_path / "scenes" / name
@@ -514,9 +514,9 @@ def test_footprint_free_scoring_runs_without_torch(loc, rect_scene, tmp_path):
 
     code = (
         "import sys\n"
-        "from app.localizer import Localizer\n"
-        "from app.predictor import Predictor\n"
-        "from app.score import score_scene\n"
+        "from runtime.localizer import Localizer\n"
+        "from runtime.predictor import Predictor\n"
+        "from app.scoring.scene import score_scene\n"
         f"r = score_scene(Predictor({str(DAMAGE_MODEL)!r}), [{str(rect_scene['pre'])!r}], "
         f"[{str(rect_scene['post'])!r}], None, {str(tmp_path / 'o.gpkg')!r}, progress=False, "
         f"localizer=Localizer({str(loc)!r}))\n"

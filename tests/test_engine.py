@@ -27,7 +27,7 @@ BIN = Path(sys.executable).parent
 
 
 def run_cli(*argv) -> int:
-    from local_damage.cli import main
+    from cli.main import main
 
     return main([str(a) for a in argv])
 
@@ -231,8 +231,8 @@ def test_a_worker_killed_mid_batch_changes_nothing(
     what one process writes; nothing half-written is left."""
     from distributed import Client
 
-    from app.batch import read_scene_list, score_batch
-    from app.predictor import Predictor
+    from app.scoring.batch import read_scene_list, score_batch
+    from runtime.predictor import Predictor
 
     folder = scene_folders(tmp_path / "scenes", synthetic_scene, 36)
     jobs, problems = read_scene_list(folder)
@@ -312,7 +312,7 @@ def test_a_client_killed_mid_batch_resumes(
     folder = scene_folders(tmp_path / "scenes", synthetic_scene, 36)
     out = tmp_path / "out"
     argv = [
-        sys.executable, "-m", "local_damage.cli", "score-batch", "--scenes", str(folder),
+        sys.executable, "-m", "cli.main", "score-batch", "--scenes", str(folder),
         "--model", str(score_model), "--out", str(out), "--raster", "--quiet",
     ]  # fmt: skip
     argv += ["--workers", "2"] if where == "embedded" else ["--scheduler", scheduler]

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from cli.main import main
 from data_prep.spec import CLASS_NAMES, ChipSpec
-from local_damage.cli import main
 from tests.conftest import TINY_TRAIN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,8 +168,8 @@ def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
 
 
 def test_second_view_is_augmented_and_seeded(run, store):
-    from local_damage.evaluate import select_chips
-    from local_damage.scorers import TorchScorer, _augmented_view
+    from local_damage.evaluation.evaluate import select_chips
+    from local_damage.evaluation.scorers import TorchScorer, _augmented_view
 
     scorer = TorchScorer(run)
     ids, _, _ = select_chips(store, fold=1)
@@ -238,12 +238,11 @@ def test_clear_errors(run, store, tmp_path, capsys):
     assert not (tmp_path / "out" / "metrics.json").exists()
 
 
-@pytest.mark.skipif(not (REPO / "app" / "predictor.py").is_file(), reason="needs app.predictor")
 def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     from data_prep.xbd import prepare_xbd
-    from local_damage.evaluate import select_chips
-    from local_damage.export import export_run
-    from local_damage.scorers import OnnxScorer, TorchScorer
+    from local_damage.evaluation.evaluate import select_chips
+    from local_damage.evaluation.scorers import OnnxScorer, TorchScorer
+    from local_damage.export.model import export_run
 
     model = tmp_path / "model.onnx"
     export_run(run, model)

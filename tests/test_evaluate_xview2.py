@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_prep.xview2_targets import XVIEW2_VALUES, rasterize_values, xview2_targets
-from local_damage.cli import main
-from local_damage.metrics.xview2 import XView2Counts
+from cli.main import main
+from data_prep.xview2 import XVIEW2_VALUES, XView2Counts, rasterize_values, xview2_targets
 
 
 def _label(path: Path, features: list[tuple[str, str | None]]) -> Path:
@@ -161,14 +160,14 @@ def test_tiles_of_a_fold(tmp_path, synthetic_xbd, score_model, capsys):
 def test_detected_footprints_are_graded_as_given_ones(tmp_path, synthetic_xbd, score_model):
     import shapely
 
-    from app.predictor import Predictor
-    from data_prep.synthetic import tile_name
-    from data_prep.xbd import find_tiles
-    from local_damage.evaluate_xview2 import (
+    from app.scoring.xview2 import (
         XView2EvaluationError,
         predict_detected,
         predict_given,
     )
+    from data_prep.synthetic import tile_name
+    from data_prep.xbd import find_tiles
+    from runtime.predictor import Predictor
 
     tile = next(t for t in find_tiles(synthetic_xbd)[0] if t.name == tile_name(0))
     xy = json.loads(tile.label.read_text())["features"]["xy"]
@@ -193,7 +192,7 @@ def test_both_modes_with_a_localiser(tmp_path, synthetic_xbd, score_model, monke
     finds the left half of every label building (the runtime's own tests cover the real one)."""
     import shapely
 
-    from local_damage import evaluate_xview2 as ev
+    from app.scoring import xview2 as ev
 
     def half(localizer, tile):
         xy = json.loads(tile.label.read_text())["features"]["xy"]
@@ -222,10 +221,10 @@ def test_both_modes_with_a_localiser(tmp_path, synthetic_xbd, score_model, monke
 
 
 def test_detected_with_the_localiser_runtime(tmp_path, synthetic_xbd, score_model):
-    """--localizer runs app.localizer.Localizer: its mask is the localisation prediction."""
-    from app.localizer import Localizer
+    """--localizer runs runtime.localizer.Localizer: its mask is the localisation prediction."""
     from data_prep.imagery import read_rgb
     from data_prep.synthetic import tile_name
+    from runtime.localizer import Localizer
     from tests.test_detect import make_localizer
 
     loc = make_localizer(tmp_path / "localizer.onnx", level=100.0)

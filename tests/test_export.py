@@ -22,7 +22,7 @@ def tiny_run(score_model) -> Path:
 @pytest.fixture(scope="module")
 def exported(tiny_run, tmp_path_factory):
     """(model path, report) of an fp32 export made through the CLI."""
-    from local_damage.cli import main
+    from cli.main import main
 
     out = tmp_path_factory.mktemp("export") / "models" / "tiny.onnx"
     assert main(["export", "--run", str(tiny_run), "--out", str(out)]) == 0
@@ -53,7 +53,7 @@ def test_graph_inputs_outputs_and_dynamic_batch(exported, tiny_run):
         assert isinstance(dims[0], str) and dims[1:] == [size, size, 3]
     assert [o.name for o in proto.graph.output] == ["logits", "embedding"]
 
-    from local_damage.export import ort_session
+    from local_damage.export.model import ort_session
 
     session = ort_session(path)
     rng = np.random.default_rng(3)
@@ -98,7 +98,7 @@ def test_metadata_carries_run_facts(exported, tiny_run):
 
 
 def test_xbd_training_data_carries_its_licence():
-    from local_damage.export import XBD_CREDIT, training_data_info
+    from local_damage.export.model import XBD_CREDIT, training_data_info
 
     info, licence = training_data_info(
         {"source": "xbd"}, ["santa-rosa-wildfire", "joplin-tornado"], "/data/chips", 100
@@ -155,7 +155,7 @@ def test_parity_with_pytorch_computed_independently(exported, tiny_run):
 def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
     import onnx
 
-    from local_damage.export import export_run
+    from local_damage.export.model import export_run
 
     for kwargs, name in (({"quantize": "int8"}, "int8"), ({"fp16": True}, "fp16")):
         out = tmp_path / f"tiny-{name}.onnx"
@@ -184,7 +184,7 @@ def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
 
 
 def test_parity_failure_writes_nothing(tiny_run, tmp_path, monkeypatch):
-    from local_damage import export
+    from local_damage.export import model as export
 
     monkeypatch.setattr(export, "LOGIT_TOLERANCE", -1.0)  # no difference can pass
     out = tmp_path / "never.onnx"
@@ -195,8 +195,8 @@ def test_parity_failure_writes_nothing(tiny_run, tmp_path, monkeypatch):
 
 
 def test_bad_runs_give_clear_errors(tiny_run, tmp_path, capsys):
-    from local_damage.cli import main
-    from local_damage.export import ExportError, export_run
+    from cli.main import main
+    from local_damage.export.model import ExportError, export_run
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -216,7 +216,7 @@ def test_fp16_weights_fine_tune_into_the_same_model(tiny_run, tmp_path):
     from safetensors.torch import load_file
 
     from local_damage.config import load_yaml
-    from local_damage.export import export_weights
+    from local_damage.export.model import export_weights
     from local_damage.models import build_model
     from local_damage.train.checkpoint import load_weights, resolve_weights
     from local_damage.train.config import Config
@@ -244,10 +244,10 @@ def test_fp16_weights_fine_tune_into_the_same_model(tiny_run, tmp_path):
 def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
     import json
 
-    from app.predictor import Predictor
-    from app.web import card_markdown
-    from local_damage.cli import main
-    from local_damage.export import ExportError, export_run, summarize_test_metrics
+    from app.web.app import card_markdown
+    from cli.main import main
+    from local_damage.export.model import ExportError, export_run, summarize_test_metrics
+    from runtime.predictor import Predictor
 
     evaluated = tmp_path / "eval"
     argv = ["evaluate", "--run", str(tiny_run), "--chips", str(tiny_run.parent / "chips")]

@@ -24,7 +24,7 @@ ARMS = ("adapt-random", "adapt-suggested", "finetune")
 
 
 def run_cli(*argv) -> int:
-    from local_damage.cli import main
+    from cli.main import main
 
     return main([str(a) for a in argv])
 
@@ -172,11 +172,11 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     """The report's figures of an adapted head equal those of the model `adapt` writes for the
     same labels, and the suggested labels come in rounds: the first ranked with the base model,
     the next with the model adapted to the first round's labels."""
-    from app.adapted import adapt_model
-    from app.labelled import Buildings, from_chip_store
-    from app.predictor import Predictor
-    from app.suggest import suggestion_order
+    from app.adapt.labelled import Buildings, from_chip_store
+    from app.adapt.model import adapt_model
+    from app.adapt.suggest import suggestion_order
     from local_damage.metrics import classification_metrics
+    from runtime.predictor import Predictor
 
     results = _load(report)
     event = EVENTS[1]

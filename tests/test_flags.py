@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.bench_flags import cloud_overlay, haze_veil
-from app.flags import (
+from bench.flags import cloud_overlay, haze_veil
+from cli.main import main
+from runtime.flags import (
     Flagger,
     OodCheck,
     class_prototypes,
@@ -21,7 +22,6 @@ from app.flags import (
     parse_flags,
     sky_stats,
 )
-from local_damage.cli import main
 
 
 def _textured(seed: int = 0, size: int = 64) -> np.ndarray:
@@ -168,7 +168,7 @@ def _fold_pairs(chips: Path, folds: list[int]):
 
 
 def test_prototypes_and_threshold_round_trip_through_the_model(score_model, with_ood, chips):
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     model = Predictor(with_ood)
     check = OodCheck.from_metadata(model.metadata)
@@ -227,10 +227,10 @@ def test_score_writes_flags_blank_not_scored_and_cloud(tmp_path, synthetic_xbd, 
     import cv2
     import geopandas as gpd
 
-    from app.predictor import Predictor
     from data_prep.report import PrepareReport
     from data_prep.windows import chip_window
     from data_prep.xbd import parse_buildings
+    from runtime.predictor import Predictor
 
     pre, post, labels = _tile(synthetic_xbd)
     spec = Predictor(with_ood).spec

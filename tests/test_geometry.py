@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from local_damage import cli
-from local_damage.geometry import (
+from cli import main as cli
+from local_damage.experiments.geometry import (
     TABLE_COLUMNS,
     GeometryConfig,
     class_counts_for,

@@ -136,7 +136,7 @@ def assert_nothing_written(out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def predictor():
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     return Predictor(REPO / "models" / "default.onnx")
 
@@ -232,7 +232,7 @@ def test_max_pixels_from_argument_environment_and_default(monkeypatch):
 
 
 def test_huge_png_header_is_refused_before_decoding(xbd_tile, tmp_path, predictor):
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
 
     huge = replace_image(xbd_tile, "pre", lambda stem, _: huge_png(stem.with_suffix(".png")))
     assert huge.stat().st_size < 200
@@ -276,7 +276,7 @@ def test_huge_png_peak_memory_stays_under_1_gb(xbd_tile, tmp_path):
 
 
 def test_truncated_png_is_refused_by_score_xbd(xbd_tile, tmp_path, predictor):
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
 
     post = xbd_tile["post"]
     cut = truncate(post, tmp_path / f"cut{post.suffix}")
@@ -303,7 +303,7 @@ def test_truncated_geotiff_tile_is_refused_by_prepare_xbd(xbd_tile, tmp_path):
 
 @pytest.mark.parametrize("kind", ["zeros", "five_bands", "one_band"])
 def test_blank_or_wrong_band_count_tile_writes_nothing(xbd_tile, tmp_path, predictor, kind):
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
 
     def make(stem, old):
         bands = read_bands(old)
@@ -366,7 +366,7 @@ def test_blank_chips_inside_a_tile_are_skipped_and_the_rest_keep_their_chips(xbd
 
 
 def test_cli_max_pixels_flag_and_environment(xbd_tile, tmp_path, capsys, monkeypatch):
-    from local_damage.cli import main
+    from cli.main import main
 
     root, out = str(xbd_tile["root"]), str(tmp_path / "chips")
     assert main(["prepare", "xbd", "--root", root, "--out", out, "--max-pixels", "1000"]) == 1
@@ -392,7 +392,7 @@ def zero_copies(paths, folder: Path) -> list[Path]:
 
 
 def test_all_zero_pre_imagery_is_blank_not_graded(synthetic_scene, tmp_path, predictor):
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
 
     s = synthetic_scene
     zeros = zero_copies(s.pre, tmp_path / "zeros")
@@ -475,7 +475,7 @@ def test_read_window_over_the_limit_skips_the_building(synthetic_scene, tmp_path
 
 @pytest.mark.parametrize("kind", ["truncated", "five_bands"])
 def test_bad_only_post_tile_is_a_clear_score_error(synthetic_scene, tmp_path, predictor, kind):
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
 
     s = synthetic_scene
     post = Path(s.post[0])
@@ -498,7 +498,7 @@ def test_bad_only_post_tile_is_a_clear_score_error(synthetic_scene, tmp_path, pr
 
 @pytest.mark.parametrize("kind", ["huge", "truncated", "zeros"])
 def test_app_refuses_bad_uploads_with_a_clear_message(xbd_tile, tmp_path, predictor, kind):
-    from app.web import AppError, assess_tile
+    from app.web.app import AppError, assess_tile
 
     if kind == "huge":
         bad = huge_png(tmp_path / "huge.png")

@@ -204,7 +204,7 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     import onnx
     import torch
 
-    from local_damage.export import ort_session, read_metadata
+    from local_damage.export.model import ort_session, read_metadata
     from local_damage.localize.evaluate import evaluate_model
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
@@ -262,7 +262,7 @@ def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_p
     import onnx
     import torch
 
-    from local_damage.export import ort_session, read_metadata
+    from local_damage.export.model import ort_session, read_metadata
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
 
@@ -299,8 +299,8 @@ def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_p
 
 @pytest.mark.parametrize("method", ["static", "dynamic"])
 def test_int8_export_keeps_the_contract_and_the_mask(tiny_run, rect_root, tmp_path, method):
-    from app.localizer import Localizer
     from local_damage.localize.export import export_localizer, quantize_localizer
+    from runtime.localizer import Localizer
 
     run, _ = tiny_run
     fp32 = tmp_path / "fp32.onnx"
@@ -318,7 +318,7 @@ def test_int8_export_keeps_the_contract_and_the_mask(tiny_run, rect_root, tmp_pa
 
 
 def test_cli_refuses_bad_overrides(rect_root, tmp_path, capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     code = main(
         ["localize", "train", "--root", str(rect_root), "--out", str(tmp_path / "r")]

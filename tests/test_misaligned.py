@@ -27,8 +27,8 @@ def _share(flags: list[str]) -> float:
 
 
 def test_a_scene_moved_by_12_pixels_is_flagged_misaligned(synthetic_scene, score_model, tmp_path):
-    from app.predictor import Predictor
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
+    from runtime.predictor import Predictor
 
     s = synthetic_scene
     predictor = Predictor(score_model)
@@ -52,8 +52,8 @@ def test_a_real_xbd_tile_with_a_moved_post_is_flagged_misaligned(tmp_path):
     correction off the moved buildings are flagged, with it on the move is corrected."""
     import cv2
 
-    from app.predictor import Predictor
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
+    from runtime.predictor import Predictor
     from tests.conftest import REPO, shared_data
 
     root = shared_data("xbd_sample")
@@ -78,7 +78,7 @@ def test_a_real_xbd_tile_with_a_moved_post_is_flagged_misaligned(tmp_path):
 
 
 def test_the_flaggers_context_limit_is_its_own():
-    from app.flags import Flagger
+    from runtime.flags import Flagger
 
     rng = np.random.default_rng(0)
     chip = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)

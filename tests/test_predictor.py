@@ -1,4 +1,4 @@
-"""app.predictor: the ONNX Runtime predictor (contract, resizing, validation of model files)."""
+"""runtime.predictor: the ONNX Runtime predictor (contract, resizing, validation of model files)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.predictor import ModelError, Prediction, Predictor, list_models
 from data_prep.spec import CLASS_NAMES
+from runtime.predictor import ModelError, Prediction, Predictor, list_models
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ def test_list_models(tmp_path):
 def test_predictor_runs_without_torch(score_model):
     code = (
         "import sys, numpy as np\n"
-        "from app.predictor import Predictor\n"
+        "from runtime.predictor import Predictor\n"
         f"p = Predictor({str(score_model)!r}, threads=1)\n"
         "x = np.zeros((2, 40, 40, 3), np.uint8)\n"
         "print(p.predict(x, x).probabilities.shape)\n"

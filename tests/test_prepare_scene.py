@@ -432,7 +432,7 @@ def test_without_label_field_chips_are_unlabelled(synthetic_scene, tmp_path):
 
 
 def test_cli_prepare_scene(synthetic_scene, tmp_path, capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     out = tmp_path / "cli"
     args = [
@@ -462,7 +462,7 @@ def test_cli_prepare_scene(synthetic_scene, tmp_path, capsys):
 
 
 def test_cli_strict_fails_on_a_skipped_tile(synthetic_scene, bad_inputs, tmp_path, capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     args = ["prepare", "scene", "--pre", *map(str, synthetic_scene.pre), str(bad_inputs.corrupt)]
     args += [

@@ -84,7 +84,7 @@ def scored_features(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def default_predictor():
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     return Predictor(DEFAULT_MODEL)
 
@@ -173,7 +173,7 @@ def test_one_stretch_for_pre_and_post_keeps_a_darkening(tmp_path):
 def test_prepare_and_score_scene_are_the_same_on_copies(
     synthetic_scene, default_predictor, tmp_path, kind
 ):
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
 
     s = synthetic_scene
     pre = copy_scene(s.pre, tmp_path / "pre", kind)
@@ -201,7 +201,7 @@ def test_prepare_and_score_scene_are_the_same_on_copies(
 def test_prepare_and_score_xbd_are_the_same_on_copies(
     synthetic_xbd, default_predictor, tmp_path, kind
 ):
-    from app.score_xbd import score_xbd
+    from app.scoring.xbd import score_xbd
 
     labels = sorted((synthetic_xbd / "labels").glob("*_post_disaster.json"))[:2]
     roots = {"u8": tmp_path / "u8", kind: tmp_path / kind}
@@ -246,7 +246,7 @@ def test_prepare_and_score_xbd_are_the_same_on_copies(
 @pytest.mark.realdata
 @pytest.mark.parametrize("kind", KINDS)
 def test_joplin_copies_give_the_same_chips_and_grades(default_predictor, tmp_path, kind):
-    from app.score import score_scene
+    from app.scoring.scene import score_scene
 
     root = shared_data("joplin_geotiff")
     pre = [root / "pre" / "tile_1361-9136.tif"]

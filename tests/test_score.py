@@ -23,14 +23,14 @@ CLASS_COLOURS_TOL = 3  # grey levels of blending/rounding in the overlay
 
 
 def run_cli(*argv: str) -> int:
-    from local_damage.cli import main
+    from cli.main import main
 
     return main([str(a) for a in argv])
 
 
 @pytest.fixture(scope="module")
 def predictor(score_model):
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     return Predictor(score_model)
 
@@ -67,7 +67,7 @@ def scene_scored(tmp_path_factory, synthetic_scene, score_model):
 
 
 def _probability_checks(df, class_names):
-    from app.score import probability_columns
+    from app.scoring.scene import probability_columns
 
     cols = probability_columns(class_names)
     scored = df[df["status"] == "scored"]
@@ -117,7 +117,7 @@ def test_scene_with_test_time_augmentation(
     import geopandas as gpd
     import pyogrio
 
-    from app.score import probability_columns
+    from app.scoring.scene import probability_columns
 
     s = synthetic_scene
     out = tmp_path / "tta.gpkg"
@@ -177,7 +177,7 @@ def test_scene_overlay_colours_buildings(scene_scored, synthetic_scene):
     import geopandas as gpd
     import shapely
 
-    from app.outputs import CLASS_COLOURS, mosaic_preview, overlay_size
+    from app.scoring.outputs import CLASS_COLOURS, mosaic_preview, overlay_size
     from data_prep.mosaic import open_scene
 
     s = synthetic_scene
@@ -263,7 +263,7 @@ def test_scene_chips_are_the_prepare_scene_chips(tmp_path, synthetic_scene, pred
     """Scoring grades exactly the chips `prepare scene` cuts with the model's chip spec."""
     import geopandas as gpd
 
-    from app.score import probability_columns, score_scene
+    from app.scoring.scene import probability_columns, score_scene
     from data_prep.scene_store import prepare_scene
     from data_prep.store import ChipReader, read_manifest
 
@@ -295,7 +295,7 @@ def _xbd_tile(root: Path, name: str = "synthetic-flood_00000000"):
 def test_xbd_labels_mode(tmp_path, synthetic_xbd, score_model, predictor):
     import geopandas as gpd
 
-    from app.score import probability_columns
+    from app.scoring.scene import probability_columns
     from data_prep.store import ChipReader, read_manifest
     from data_prep.xbd import prepare_xbd
 
@@ -414,7 +414,7 @@ def test_scoring_does_not_import_torch(tmp_path, synthetic_scene, score_model):
     s = synthetic_scene
     code = (
         "import sys\n"
-        "from local_damage.cli import main\n"
+        "from cli.main import main\n"
         "rc = main(sys.argv[1:])\n"
         "print('TORCH', 'torch' in sys.modules, 'RC', rc)\n"
     )
@@ -514,13 +514,13 @@ def test_bad_output_names_are_refused_before_work(tmp_path, synthetic_scene, cap
 
 def test_failed_scene_leaves_no_outputs(tmp_path, synthetic_scene, predictor, monkeypatch):
     """A failure after the raster is written removes it: a scene's outputs are all or nothing."""
-    import app.outputs
-    from app.score import score_scene
+    import app.scoring.outputs
+    from app.scoring.scene import score_scene
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(app.outputs, "write_overlay", broken)
+    monkeypatch.setattr(app.scoring.outputs, "write_overlay", broken)
     s = synthetic_scene
     with pytest.raises(OSError, match="disk full"):
         score_scene(
@@ -628,7 +628,7 @@ def test_puertorico_geotiff(tmp_path, score_model, predictor):
 
 _MEASURE = """
 import sys, time
-from local_damage.cli import main
+from cli.main import main
 start = time.perf_counter()
 rc = main(sys.argv[1:])
 seconds = time.perf_counter() - start

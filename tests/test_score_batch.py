@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 
 def run_cli(*argv) -> int:
-    from local_damage.cli import main
+    from cli.main import main
 
     return main([str(a) for a in argv])
 
@@ -115,16 +115,16 @@ def test_folder_batch_gpkg_raster_overlay(tmp_path, synthetic_scene, score_model
 
 
 def test_model_is_loaded_once(tmp_path, synthetic_scene, score_model, monkeypatch):
-    import app.predictor
+    import runtime.predictor
 
     loads = []
 
-    class Counting(app.predictor.Predictor):
+    class Counting(runtime.predictor.Predictor):
         def __init__(self, *args, **kwargs):
             loads.append(args)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(app.predictor, "Predictor", Counting)
+    monkeypatch.setattr(runtime.predictor, "Predictor", Counting)
     scenes = tmp_path / "scenes"
     for name in ("a", "b", "c"):
         scene_folder(scenes, name, synthetic_scene)
@@ -185,7 +185,7 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
         scene_folder(scenes, name, synthetic_scene)
     out = tmp_path / "out"
     argv = [
-        sys.executable, "-m", "local_damage.cli", "score-batch", "--scenes", str(scenes),
+        sys.executable, "-m", "cli.main", "score-batch", "--scenes", str(scenes),
         "--model", str(score_model), "--out", str(out), "--raster", "--overlay", "--quiet",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -227,7 +227,7 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
 
 
 def test_shards_partition_the_scenes(tmp_path, synthetic_scene, score_model):
-    from app.batch import parse_shard, read_scene_list, shard_of
+    from app.scoring.batch import parse_shard, read_scene_list, shard_of
 
     scenes = tmp_path / "scenes"
     names = [f"scene-{i}" for i in range(7)]
@@ -275,7 +275,7 @@ def test_all_scenes_bad_exits_non_zero(tmp_path, synthetic_scene, score_model, c
 
 
 def test_scene_list_errors(tmp_path, synthetic_scene, score_model, capsys):
-    from app.batch import read_scene_list
+    from app.scoring.batch import read_scene_list
     from data_prep.mosaic import SceneError
 
     csv = tmp_path / "scenes.csv"

@@ -176,7 +176,7 @@ def test_summary_on_stderr(store, capsys):
 
 
 def test_cli_split(store, capsys):
-    from local_damage.cli import main
+    from cli.main import main
 
     assert main(["split", str(store), "--folds", "3", "--seed", "2"]) == 0
     assert (store / SPLITS).is_file()

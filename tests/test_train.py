@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from local_damage.cli import main
+from cli.main import main
 from local_damage.config import ConfigError, load_yaml
 from local_damage.train.config import Config
 from local_damage.train.loop import train
@@ -86,8 +86,8 @@ def test_validation_geometry_is_that_of_the_kept_model(chips, tmp_path):
     # The last epoch's val_* geometry columns are the class-mean Gram of the validation chips'
     # embeddings under the weights that epoch ends with (kept as best.safetensors by "last").
     from data_prep.split import fold_indices
+    from local_damage.evaluation.scorers import TorchScorer
     from local_damage.metrics import class_mean_gram, gram_summary, unit_rows
-    from local_damage.scorers import TorchScorer
 
     run = tmp_path / "run"
     train(tiny("train.epochs=1", "train.keep=last"), chips, run, fold=0, progress=False)
@@ -126,8 +126,8 @@ def test_keep_last_evaluates_the_last_epoch_not_the_best(chips, tmp_path):
 
 
 def test_holdout_chips_are_left_out_of_training(chips, tmp_path, capsys):
+    from cli.main import main
     from data_prep.split import load_splits
-    from local_damage.cli import main
 
     run = tmp_path / "run"
     argv = ["train", "--chips", str(chips), "--out", str(run), "--holdout", "2", "--quiet"]
@@ -242,7 +242,7 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(chips, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += [
         "-m",
-        "local_damage.cli",
+        "cli.main",
         "train",
         "--chips",
         str(chips),
@@ -274,7 +274,7 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(chips, tmp_path):
 
 def test_probe_separates_the_pull_of_each_term(chips, capsys):
     """The probe's gradients: the latent term's pull scales with beta, WCE's does not."""
-    from local_damage.probe import probe
+    from local_damage.experiments.probe import probe
 
     full = probe(tiny(), chips, batches=2)
     small = probe(tiny("loss.beta=0.1"), chips, batches=2)

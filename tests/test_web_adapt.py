@@ -19,7 +19,7 @@ from data_prep.spec import CLASS_NAMES
 
 @pytest.fixture(scope="module")
 def predictor(score_model):
-    from app.predictor import Predictor
+    from runtime.predictor import Predictor
 
     return Predictor(score_model)
 
@@ -42,7 +42,7 @@ def _true_labels(label: Path) -> dict[str, str]:
 
 
 def _assess(predictor, score_model, index: int, work: Path, n: int):
-    from app.web import assess_tile
+    from app.web.app import assess_tile
 
     pre, post, label = _tile(score_model, index)
     return assess_tile(predictor, pre, post, label, work / "sessions" / f"20260101-0000{n:02d}")
@@ -50,7 +50,7 @@ def _assess(predictor, score_model, index: int, work: Path, n: int):
 
 def _correct_all(result, label: Path, limit: int | None = None) -> dict[int, str]:
     """Save the true class of the scored buildings of an assessment (the first ``limit``)."""
-    from app.web import save_correction
+    from app.web.app import save_correction
 
     truth = _true_labels(label)
     rows = [
@@ -66,9 +66,9 @@ def _correct_all(result, label: Path, limit: int | None = None) -> dict[int, str
 def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     predictor, score_model, tmp_path
 ):
-    from app.predictor import Predictor
-    from app.web import assess_tile, model_choices
-    from app.web_adapt import adapt_to_event, event_labels
+    from app.web.adapt_panel import adapt_to_event, event_labels
+    from app.web.app import assess_tile, model_choices
+    from runtime.predictor import Predictor
 
     work = tmp_path / "work"
     result = _assess(predictor, score_model, 0, work, 1)
@@ -119,9 +119,9 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
 
 
 def test_corrections_accumulate_over_an_event_and_count_once(predictor, score_model, tmp_path):
-    from app.assessments import carry_corrections, set_event
-    from app.web import assess_tile, save_correction
-    from app.web_adapt import adapt_to_event, event_labels, event_sessions
+    from app.web.adapt_panel import adapt_to_event, event_labels, event_sessions
+    from app.web.app import assess_tile, save_correction
+    from app.web.sessions import carry_corrections, set_event
 
     work = tmp_path / "work"
     flood0 = _assess(predictor, score_model, 0, work, 1)
@@ -161,8 +161,8 @@ def test_corrections_accumulate_over_an_event_and_count_once(predictor, score_mo
 
 
 def test_adapt_refuses_with_clear_messages_and_writes_nothing(predictor, score_model, tmp_path):
-    from app.web import AppError, save_correction
-    from app.web_adapt import adapt_to_event
+    from app.web.adapt_panel import adapt_to_event
+    from app.web.app import AppError, save_correction
 
     work = tmp_path / "work"
     with pytest.raises(AppError, match="assess a tile first"):
@@ -175,7 +175,7 @@ def test_adapt_refuses_with_clear_messages_and_writes_nothing(predictor, score_m
     with pytest.raises(AppError, match="has 1 correction: adapting needs at least two"):
         adapt_to_event(predictor, work, result.session)
     with pytest.raises(AppError, match="event name is empty"):
-        from app.assessments import set_event
+        from app.web.sessions import set_event
 
         set_event(result.session, "  ")
     assert not (work / "models").exists()
@@ -188,9 +188,9 @@ def test_adapt_refuses_with_clear_messages_and_writes_nothing(predictor, score_m
 
 
 def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_path):
-    from app.suggest import id_order
-    from app.web import AppError, save_correction
-    from app.web_adapt import suggest_next
+    from app.adapt.suggest import id_order
+    from app.web.adapt_panel import suggest_next
+    from app.web.app import AppError, save_correction
 
     work = tmp_path / "work"
     result = _assess(predictor, score_model, 0, work, 1)
@@ -205,7 +205,7 @@ def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_pa
         assert r["damage"] in CLASS_NAMES and 0 < r["confidence"] <= 1
     # the model is not adapted: the first of the uncorrected buildings' random order by id,
     # which correcting one of them leaves as it was for the others
-    from app.labelled import from_session
+    from app.adapt.labelled import from_session
 
     every = from_session(result.session, predictor.spec, predictor.class_names)
     pool = every.subset(~every.labelled)
@@ -224,8 +224,8 @@ def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_pa
 
 
 def test_adapt_and_suggest_on_a_georeferenced_tile(predictor, synthetic_scene, tmp_path):
-    from app.web import assess_tile, save_correction
-    from app.web_adapt import adapt_to_event, suggest_next
+    from app.web.adapt_panel import adapt_to_event, suggest_next
+    from app.web.app import assess_tile, save_correction
 
     s = synthetic_scene
     work = tmp_path / "work"
@@ -250,8 +250,8 @@ def test_the_app_modules_import_no_torch():
 
     code = (
         "import sys\n"
-        "import app.web, app.web_adapt, app.assessments, app.model_card\n"
-        "from app.web import AppError, card_markdown, save_correction\n"
+        "import app.web.app, app.web.adapt_panel, app.web.sessions, app.web.model_card\n"
+        "from app.web.app import AppError, card_markdown, save_correction\n"
         "assert 'torch' not in sys.modules, 'the app imported torch'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

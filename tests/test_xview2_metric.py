@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from local_damage.metrics.xview2 import (
+from data_prep.xview2 import (
     EPSILON,
     XView2Counts,
     f1_from_counts,

@@ -121,7 +121,7 @@ def onnx_model(path: str | os.PathLike, threads: int | None = None):
     """``(model function, metadata)`` of an exported localiser run by ONNX Runtime on the CPU."""
     import onnx
 
-    from local_damage.export import ort_session, read_metadata
+    from local_damage.export.model import ort_session, read_metadata
 
     session = ort_session(path, threads=threads)
     meta = read_metadata(onnx.load(str(path), load_external_data=False))

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from local_damage import __version__
-from local_damage.export import (
+from local_damage.export.model import (
     DEFAULT_OPSET,
     SYNTHETIC_EVENT_PREFIX,
     XBD_CREDIT,

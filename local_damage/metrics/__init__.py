@@ -5,6 +5,7 @@ NumPy, SciPy and scikit-learn only (matplotlib inside the plot functions): no to
 ONNX-based evaluation path can use them.
 """
 
+from data_prep.xview2 import XView2Counts, xview2_scores
 from local_damage.metrics.calibration import (
     ECE_BINS,
     brier_score,
@@ -34,7 +35,6 @@ from local_damage.metrics.representation import (
     sample_alignment_distance,
     unit_rows,
 )
-from local_damage.metrics.xview2 import XView2Counts, xview2_scores
 
 __all__ = [
     "CLASS_COLOURS",

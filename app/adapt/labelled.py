@@ -1,0 +1,513 @@
+"""Buildings of a new event, with or without analysts' labels, as chip pairs (no torch).
+
+Three sources, each cut with the model's chip spec by the code the scoring path uses:
+
+- :func:`from_chip_store`: a chip store of ``data_prep`` (``manifest.csv`` + shards), optionally
+  one fold of its ``splits.csv`` and one event.
+- :func:`from_scene` / :func:`from_xbd`: a labelled footprint file on georeferenced pre/post
+  imagery (label in an attribute, as for ``prepare scene --label-field``), or an xBD label JSON
+  (``subtype``) on its pixel-aligned image pair; the scene is aligned as ``score`` aligns it.
+- :func:`from_corrections`: the corrections the web app saves for an assessed tile (its
+  ``session.json`` + ``corrections.json`` folder; see :func:`app.web.sessions.save_correction`).
+
+Every error names the file at fault and what is wrong (:class:`LabelError`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from data_prep.spec import ChipSpec
+
+#: Manifest columns a chip store must have to give labelled chips.
+STORE_COLUMNS = ("chip_id", "event", "label", "pre_file", "post_file", "index")
+
+
+class LabelError(ValueError):
+    """Labelled buildings that cannot be used; the message names the file and the problem."""
+
+
+@dataclass
+class Buildings:
+    """``N`` buildings: ids, events, labels (-1 unlabelled) and their uint8 chip pairs.
+
+    Attributes:
+        ids: building ids (chip ids of a store; ``<scene>:<uid>`` otherwise).
+        events: event name of each building.
+        labels: int64 ``[N]`` class ids, -1 when unlabelled.
+        pre, post: uint8 ``[N, S, S, 3]`` chips.
+        sources: one line per input read.
+    """
+
+    ids: list[str]
+    events: list[str]
+    labels: np.ndarray
+    pre: np.ndarray
+    post: np.ndarray
+    sources: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def labelled(self) -> np.ndarray:
+        return self.labels >= 0
+
+    def subset(self, mask: np.ndarray) -> Buildings:
+        idx = np.flatnonzero(mask)
+        return Buildings(
+            [self.ids[i] for i in idx],
+            [self.events[i] for i in idx],
+            self.labels[idx],
+            self.pre[idx],
+            self.post[idx],
+            list(self.sources),
+        )
+
+    def counts(self, class_names: Sequence[str]) -> dict[str, object]:
+        """``n``, ``per_class``, ``events`` of the labelled buildings, and ``sources``."""
+        lab = self.labels[self.labelled]
+        ev = [e for e, ok in zip(self.events, self.labelled, strict=True) if ok]
+        return {
+            "n": int(len(lab)),
+            "per_class": {n: int(np.sum(lab == i)) for i, n in enumerate(class_names)},
+            "events": dict(Counter(ev)),
+            "sources": list(self.sources),
+        }
+
+
+def concat(parts: Sequence[Buildings], size: int) -> Buildings:
+    """One :class:`Buildings` of several (chips of side ``size`` when there are none)."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        empty = np.zeros((0, size, size, 3), np.uint8)
+        return Buildings([], [], np.zeros(0, np.int64), empty, empty.copy())
+    return Buildings(
+        [i for p in parts for i in p.ids],
+        [e for p in parts for e in p.events],
+        np.concatenate([p.labels for p in parts]).astype(np.int64),
+        np.concatenate([p.pre for p in parts]),
+        np.concatenate([p.post for p in parts]),
+        [s for p in parts for s in p.sources],
+    )
+
+
+def _stack(chips: list[np.ndarray], size: int) -> np.ndarray:
+    return np.stack(chips) if chips else np.zeros((0, size, size, 3), np.uint8)
+
+
+def class_id(value: object, class_names: Sequence[str], where: str) -> int | None:
+    """The class id of a label given as a class name or an id; None when empty.
+
+    Raises:
+        LabelError: naming ``where`` for a value that is not one of ``class_names``.
+    """
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    text = str(value).strip().lower()
+    if text in ("", "none", "nan", "un-classified"):
+        return None
+    names = [n.lower() for n in class_names]
+    if text in names:
+        return names.index(text)
+    if text.lstrip("-").isdigit() and 0 <= int(text) < len(names):
+        return int(text)
+    raise LabelError(
+        f"{where}: unknown class {value!r}; the model's classes are {', '.join(class_names)} "
+        f"(or 0-{len(class_names) - 1})"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# chip store
+
+
+def from_chip_store(
+    chips: str | os.PathLike,
+    class_names: Sequence[str],
+    fold: int | None = None,
+    event: str | None = None,
+) -> Buildings:
+    """Every building of a chip store (or of fold ``fold`` of its splits, of event ``event``).
+
+    Raises:
+        LabelError: no store, a manifest missing a column, a fold or event the store does not
+            have, a label that is not a class of the model.
+    """
+    import csv
+
+    from data_prep.store import MANIFEST, ChipReader, read_manifest
+
+    root = Path(chips)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise LabelError(f"{path}: no manifest; is {root} a chip store of `local-damage prepare`?")
+    with open(path, newline="") as fh:
+        header = next(csv.reader(fh), [])
+    missing = [c for c in STORE_COLUMNS if c not in header]
+    if missing:
+        raise LabelError(
+            f"{path}: missing column(s) {', '.join(missing)}; a chip store written by "
+            "`local-damage prepare` has them"
+        )
+    try:
+        frame = read_manifest(root)
+    except (ValueError, KeyError) as exc:
+        raise LabelError(f"{path}: not a readable manifest ({exc})") from exc
+    what = str(root)
+    if fold is not None:
+        from data_prep.split import fold_indices
+
+        try:
+            wanted = set(fold_indices(root, fold)[1])
+        except (FileNotFoundError, ValueError) as exc:
+            raise LabelError(str(exc)) from exc
+        frame = frame[frame["chip_id"].isin(wanted)]
+        what += f" fold {fold}"
+    if event is not None:
+        events = sorted(set(frame["event"]))
+        frame = frame[frame["event"] == event]
+        if frame.empty:
+            raise LabelError(f"{path}: no building of event {event!r}; its events are {events}")
+        what += f" event {event}"
+    bad = frame[(frame["label"] >= len(class_names)) | (frame["label"] < -1)]
+    if len(bad):
+        raise LabelError(
+            f"{path}: label {int(bad['label'].iloc[0])} of chip {bad['chip_id'].iloc[0]!r} is not "
+            f"a class of the model ({', '.join(class_names)})"
+        )
+    reader = ChipReader(root)
+    records = frame.to_dict("records")
+    pairs = [reader.pair(r) for r in records]
+    size = pairs[0][0].shape[0] if pairs else 1
+    return Buildings(
+        [str(r["chip_id"]) for r in records],
+        [str(r["event"]) for r in records],
+        frame["label"].to_numpy(np.int64),
+        _stack([p[0] for p in pairs], size),
+        _stack([p[1] for p in pairs], size),
+        [f"chip store {what}: {len(records)} buildings"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# footprints on imagery
+
+
+def from_scene(
+    pre: Sequence[str | os.PathLike],
+    post: Sequence[str | os.PathLike],
+    buildings: str | os.PathLike,
+    spec: ChipSpec,
+    class_names: Sequence[str],
+    label_field: str | None = None,
+    event: str | None = None,
+    rows: dict[int, int] | None = None,
+    align: str = "auto",
+    max_pixels: int | None = None,
+) -> Buildings:
+    """Buildings of a footprint file on georeferenced pre/post tiles, cut as ``score`` cuts them.
+
+    Args:
+        pre, post: the GeoTIFF tiles.
+        buildings: footprint file (GeoJSON, GeoPackage, Shapefile).
+        spec: the model's chip spec.
+        class_names: the model's classes (labels are class names or ids).
+        label_field: the attribute holding the label; None: every building unlabelled.
+        event: event name (default: the footprint file's stem).
+        rows: feature row -> class id, labels given from elsewhere (the app's corrections); only
+            these rows are read.
+        align: ``auto`` or ``off``, as for ``score``.
+        max_pixels: pixel limit per read.
+
+    Raises:
+        LabelError: a missing or unreadable file, a missing label attribute, an unknown class.
+    """
+    from app.scoring.scene import bounded_gdal_cache
+    from data_prep.alignment import align_scene
+    from data_prep.footprints import load_footprints
+    from data_prep.imagery import ImageError
+    from data_prep.mosaic import SceneError, open_scene
+    from data_prep.scene import CHIP, check_overlap, iter_building_chips, pixel_centroids
+
+    path = Path(buildings)
+    event = event or path.stem
+    ids, labels, pres, posts = [], [], [], []
+    try:
+        with bounded_gdal_cache(), open_scene(list(pre), list(post), max_pixels) as scene:
+            fp = load_footprints(path, scene.grid.crs, label_field=label_field)
+            bad = [s for s in fp.skipped if s.reason.startswith("field ")]
+            if bad:
+                raise LabelError(f"{bad[0].item}: {bad[0].reason}")
+            if rows is not None:
+                keep = np.isin(fp.rows, list(rows))
+                fp.geometries = fp.geometries[keep]
+                fp.uids = [u for u, k in zip(fp.uids, keep, strict=True) if k]
+                fp.labels = np.array([rows[int(r)] for r in fp.rows[keep]], np.int64)
+                fp.rows = fp.rows[keep]
+            if len(fp) == 0:
+                raise LabelError(f"{path}: none of the corrected buildings has a usable polygon")
+            check_overlap(fp, scene)
+            align_scene(scene, pixel_centroids(scene.grid, fp), align)
+            for b in iter_building_chips(scene, fp, spec, progress=False):
+                if b.status == CHIP:
+                    ids.append(f"{event}:{b.uid}")
+                    labels.append(b.label)
+                    pres.append(b.pre)
+                    posts.append(b.post)
+    except (SceneError, ImageError) as exc:
+        raise LabelError(str(exc)) from exc
+    size = spec.chip_size
+    return Buildings(
+        ids,
+        [event] * len(ids),
+        np.asarray(labels, np.int64),
+        _stack(pres, size),
+        _stack(posts, size),
+        [f"footprints {path} on {len(pre)} pre / {len(post)} post tile(s): {len(ids)} buildings"],
+    )
+
+
+def from_xbd(
+    pre: str | os.PathLike,
+    post: str | os.PathLike,
+    labels: str | os.PathLike,
+    spec: ChipSpec,
+    class_names: Sequence[str],
+    with_labels: bool = True,
+    event: str | None = None,
+    align: str = "auto",
+    max_pixels: int | None = None,
+) -> Buildings:
+    """Buildings of an xBD label JSON on its pixel-aligned pre/post images, cut as ``score``
+    cuts them; ``subtype`` is the label when ``with_labels`` (``un-classified``: unlabelled).
+
+    Raises:
+        LabelError: a missing or unreadable file, an unknown subtype.
+    """
+    from data_prep.alignment import align_images
+    from data_prep.imagery import ImageError
+    from data_prep.quality import blank_reason
+    from data_prep.report import PrepareReport
+    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.xbd import parse_buildings, read_tile_pair
+
+    path = Path(labels)
+    if not path.is_file():
+        raise LabelError(f"{path}: label file not found")
+    report = PrepareReport()
+    try:
+        disaster, buildings = parse_buildings(
+            path, report, include_unclassified=True, ignore_labels=not with_labels
+        )
+        bad = [s for s in report.skipped if s.reason.startswith("unknown damage label")]
+        if bad:
+            raise LabelError(f"{bad[0].item}: {bad[0].reason}")
+        pre_img, post_img = read_tile_pair(pre, post, max_pixels)
+    except (OSError, ValueError, ImageError) as exc:
+        if isinstance(exc, LabelError):
+            raise
+        raise LabelError(f"{path}: {exc}" if str(path) not in str(exc) else str(exc)) from exc
+    if pre_img.shape != post_img.shape:
+        raise LabelError(f"{post}: not the size of the pre image {pre}; xBD pairs are aligned")
+    post_img, _ = align_images(pre_img, post_img, align)
+    event = event or disaster or path.stem.replace("_post_disaster", "")
+    h, w = pre_img.shape[:2]
+    ids, labs, pres, posts = [], [], [], []
+    for b in buildings:
+        minx, miny, maxx, maxy = b.bbox
+        if maxx <= 0 or maxy <= 0 or minx >= w or miny >= h:
+            continue
+        window = chip_window(b.centroid, b.bbox, spec)
+        a = resize_chip(crop_boundless(pre_img, window), spec.chip_size)
+        c = resize_chip(crop_boundless(post_img, window), spec.chip_size)
+        if blank_reason(a, c):
+            continue
+        ids.append(f"{path.stem.replace('_post_disaster', '')}:{b.uid}")
+        labs.append(b.label if with_labels else -1)
+        pres.append(a)
+        posts.append(c)
+    size = spec.chip_size
+    return Buildings(
+        ids,
+        [event] * len(ids),
+        np.asarray(labs, np.int64),
+        _stack(pres, size),
+        _stack(posts, size),
+        [f"xBD labels {path}: {len(ids)} buildings"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the app's corrections
+
+
+def session_folder(path: str | os.PathLike) -> Path:
+    """The assessment folder (holding ``session.json``) of a corrections path: the folder
+    itself, its ``corrections.json``, or any file under its ``corrections/`` folder.
+
+    Raises:
+        LabelError: the path does not exist or belongs to no assessment.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise LabelError(f"{path}: corrections not found")
+    for folder in [path, *path.parents][:4]:
+        if folder.is_dir() and (folder / "session.json").is_file():
+            return folder
+    raise LabelError(
+        f"{path}: not the corrections of an app assessment (no session.json beside it or above "
+        "it); give the assessment folder the app saved them in"
+    )
+
+
+def read_corrections(session: Path, class_names: Sequence[str]) -> dict[int, int]:
+    """Table row -> class id of the corrections of an assessment (``corrections.json``).
+
+    Raises:
+        LabelError: no corrections, an entry without ``damage``, an unknown class.
+    """
+    path = session / "corrections.json"
+    if not path.is_file():
+        raise LabelError(f"{path}: no corrections saved for this assessment yet")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise LabelError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise LabelError(f"{path}: expected an object of row -> correction, got {type(data)}")
+    out: dict[int, int] = {}
+    for row, entry in data.items():
+        if not isinstance(entry, dict) or "damage" not in entry:
+            raise LabelError(f"{path}: correction of row {row} has no 'damage' class")
+        cid = class_id(entry["damage"], class_names, f"{path} row {row}")
+        if cid is not None:
+            out[int(row)] = cid
+    return out
+
+
+def from_corrections(
+    path: str | os.PathLike,
+    spec: ChipSpec,
+    class_names: Sequence[str],
+    event: str | None = None,
+    align: str = "auto",
+    max_pixels: int | None = None,
+) -> Buildings:
+    """The buildings an analyst corrected in the app, with the corrected classes.
+
+    Pixel tiles: the xBD label file and image copies the app writes under ``corrections/``.
+    Georeferenced tiles: the tile's footprints and imagery named in ``session.json``, only the
+    corrected rows. Event: ``event``, else the tile's scene name.
+
+    Raises:
+        LabelError: naming the file at fault.
+    """
+    session = session_folder(path)
+    info = json.loads((session / "session.json").read_text())
+    corrections = read_corrections(session, class_names)
+    if not corrections:
+        raise LabelError(f"{session / 'corrections.json'}: holds no correction")
+    scene = str(info.get("scene", session.name))
+    if info.get("mode") == "xbd":
+        label = session / "corrections" / "labels" / f"{scene}_post_disaster.json"
+        images = sorted((session / "corrections" / "images").glob(f"{scene}_*_disaster.*"))
+        pre = [p for p in images if p.stem.endswith("_pre_disaster")]
+        post = [p for p in images if p.stem.endswith("_post_disaster")]
+        if not label.is_file() or not pre or not post:
+            raise LabelError(f"{label}: the corrections' label file or image copies are missing")
+        out = from_xbd(
+            pre[0], post[0], label, spec, class_names, True, event or scene, align, max_pixels
+        )
+    else:
+        for key in ("pre", "post", "footprints"):
+            if not Path(info[key]).exists():
+                raise LabelError(
+                    f"{session / 'session.json'}: the tile's {key} file {info[key]} no longer "
+                    "exists; give the corrections' footprints with --buildings, --label-field "
+                    "damage and the tile's --pre/--post instead"
+                )
+        out = from_scene(
+            [info["pre"]],
+            [info["post"]],
+            info["footprints"],
+            spec,
+            class_names,
+            None,
+            event or scene,
+            corrections,
+            align,
+            max_pixels,
+        )
+    out.sources = [f"app corrections {session}: {len(out)} buildings"]
+    return out
+
+
+def from_session(
+    path: str | os.PathLike,
+    spec: ChipSpec,
+    class_names: Sequence[str],
+    event: str | None = None,
+    align: str = "auto",
+    max_pixels: int | None = None,
+) -> Buildings:
+    """Every building of an assessed tile, the corrected ones labelled, the others unlabelled
+    (the pool :func:`app.adapt.suggest.suggest` ranks). Reads the tile's own imagery and footprints
+    named in ``session.json``, so they must still exist.
+
+    Raises:
+        LabelError: naming the file at fault.
+    """
+    session = session_folder(path)
+    info = json.loads((session / "session.json").read_text())
+    corrections = (
+        read_corrections(session, class_names) if (session / "corrections.json").is_file() else {}
+    )
+    for key in ("pre", "post", "footprints"):
+        if not Path(info.get(key, "")).is_file():
+            raise LabelError(
+                f"{session / 'session.json'}: the tile's {key} file {info.get(key)} no longer "
+                "exists; assess the tile again"
+            )
+    scene = str(info.get("scene", session.name))
+    if info.get("mode") == "xbd":
+        out = from_xbd(
+            info["pre"],
+            info["post"],
+            info["footprints"],
+            spec,
+            class_names,
+            False,
+            event or scene,
+            align,
+            max_pixels,
+        )
+        prefix = Path(info["footprints"]).stem.replace("_post_disaster", "")
+    else:
+        out = from_scene(
+            [info["pre"]],
+            [info["post"]],
+            info["footprints"],
+            spec,
+            class_names,
+            None,
+            event or scene,
+            None,
+            align,
+            max_pixels,
+        )
+        prefix = event or scene
+    uids = info.get("uids") or []
+    by_id = {f"{prefix}:{uids[row]}": cid for row, cid in corrections.items() if row < len(uids)}
+    out.labels = np.array([by_id.get(i, -1) for i in out.ids], np.int64)
+    out.sources = [
+        f"app assessment {session}: {len(out)} buildings, {int((out.labels >= 0).sum())} corrected"
+    ]
+    return out

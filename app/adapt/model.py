@@ -1,0 +1,294 @@
+"""The adapted model file: the ``adaptation`` metadata block, writing it, and
+:func:`adapt_model`, which goes from a model and labelled buildings to an adapted model (no torch).
+
+The head itself, how it is fitted and chosen: :mod:`app.adapt.fit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.adapt.fit import (
+    METADATA_KEY,
+    METHODS,
+    SELECTION,
+    UNLABELLED_PSEUDO_COUNT,
+    Adaptation,
+    AdaptError,
+    adapt_head,
+)
+
+# --------------------------------------------------------------------------------------------
+# the model file
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def base_of(metadata: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(T0, calibration block)`` of the model a head is fitted on top of: the model's own
+    temperature, or for an adapted model, that of its base (its head is refitted, not stacked)."""
+    block = metadata.get(METADATA_KEY)
+    if isinstance(block, Mapping) and isinstance(block.get("base_model"), Mapping):
+        base = block["base_model"]
+        return float(block["head"]["base_temperature"]), base.get("calibration")
+    cal = metadata.get("calibration")
+    t = cal.get("temperature") if isinstance(cal, Mapping) else None
+    return (float(t) if t else 1.0), (dict(cal) if isinstance(cal, Mapping) else None)
+
+
+def base_prototypes(metadata: Mapping[str, Any], class_names: Sequence[str]) -> dict[int, Any]:
+    """Class id -> prototype of the model's ``ood`` block (empty when it has none)."""
+    block = metadata.get("ood")
+    if not isinstance(block, Mapping):
+        return {}
+    names = list(block.get("class_names") or [])
+    protos = block.get("prototypes") or []
+    return {
+        list(class_names).index(n): np.asarray(p, dtype=np.float64)
+        for n, p in zip(names, protos, strict=False)
+        if n in class_names
+    }
+
+
+def adaptation_block(
+    adaptation: Adaptation,
+    class_names: Sequence[str],
+    base_path: str | os.PathLike,
+    base_metadata: Mapping[str, Any],
+    labels: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``adaptation`` metadata prop of an adapted model.
+
+    Args:
+        adaptation: the fitted head and its cross-validation.
+        class_names: the model's classes.
+        base_path: the model file the head was fitted on.
+        base_metadata: its parsed metadata.
+        labels: what was labelled: ``n``, ``per_class``, ``events`` (counts) and ``sources``.
+    """
+    previous = base_metadata.get(METADATA_KEY)
+    if isinstance(previous, Mapping) and isinstance(previous.get("base_model"), Mapping):
+        base_model = dict(previous["base_model"])  # an adapted model: keep the original base
+        base_model["adapted_from"] = {"file": Path(base_path).name, "sha256": sha256(base_path)}
+    else:
+        base_model = {
+            "file": Path(base_path).name,
+            "sha256": sha256(base_path),
+            "calibration": base_of(base_metadata)[1],
+        }
+    head = adaptation.head
+    return {
+        "method": head.method,
+        "selection": SELECTION,
+        "labelled_classes": [class_names[c] for c in head.classes],
+        "unlabelled_classes": [class_names[c] for c in head.unlabelled],
+        "unlabelled_rule": unlabelled_rule(head),
+        "unlabelled_discount": {
+            class_names[c]: round(float(head.discount[c]), 6) for c in head.unlabelled
+        },
+        "head": head.to_dict(),
+        "cv": adaptation.cv,
+        "fit": adaptation.train,
+        "fit_seconds": round(adaptation.seconds, 4),
+        "labels": dict(labels),
+        "base_model": base_model,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def unlabelled_rule(head) -> str:
+    """How the adapted model treats the classes without a label, in words."""
+    if not head.unlabelled:
+        return "every class has labels"
+    if all(float(head.discount[c]) == 1.0 for c in head.unlabelled):
+        return "classes without a label keep the base model's probabilities"
+    return (
+        "classes without a label keep the base model's probabilities times A / (A + e), e the "
+        f"base model's expected count of the class among the labelled buildings, A = "
+        f"{UNLABELLED_PSEUDO_COUNT:g} (unlabelled_discount in the head)"
+    )
+
+
+def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``calibration`` prop of an adapted model: ``T = 1`` on the head's output (the base
+    model's temperature is applied inside the head, to the base probabilities it reads)."""
+    return {
+        "method": "temperature scaling",
+        "temperature": 1.0,
+        "fitted_on": {
+            "selection": "the adapted head's probabilities are used as fitted; the base "
+            f"model's T = {block['head']['base_temperature']:.4g} is applied inside the head",
+            "n": block["labels"].get("n"),
+        },
+        "before": None,
+        "after": None,
+        "adapted": True,
+    }
+
+
+def write_adapted(
+    base: str | os.PathLike, out: str | os.PathLike, block: Mapping[str, Any]
+) -> Path:
+    """Write a copy of ``base`` carrying ``block`` (and a ``calibration`` prop with ``T = 1``),
+    atomically; the graph is unchanged. Returns ``out``.
+
+    Raises:
+        AdaptError: ``out`` does not end in .onnx.
+    """
+    import json
+
+    import onnx
+
+    from data_prep.store import atomic_path
+
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise AdaptError(f"{out}: the model file name must end in .onnx")
+    proto = onnx.load(str(base))
+    props = {METADATA_KEY: dict(block), "calibration": calibration_after_adapt(block)}
+    keep = [(p.key, p.value) for p in proto.metadata_props if p.key not in props]
+    del proto.metadata_props[:]
+    for key, value in keep:
+        proto.metadata_props.add(key=key, value=value)
+    for key, value in props.items():
+        proto.metadata_props.add(key=key, value=json.dumps(value, default=str))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out, suffix=".onnx") as tmp:
+        onnx.save(proto, str(tmp))
+    return out
+
+
+def unlabelled_text(block: Mapping[str, Any], what: str = "label") -> str | None:
+    """What became of the classes without a label, in a few words (None: every class has
+    labels), e.g. ``no label, base probability discounted: minor-damage x0.091``."""
+    kept = block.get("unlabelled_classes") or []
+    if not kept:
+        return None
+    rho = block.get("unlabelled_discount") or {}
+    if any(float(rho.get(n, 1.0)) < 1.0 for n in kept):
+        parts = ", ".join(f"{n} x{float(rho.get(n, 1.0)):.3g}" for n in kept)
+        return f"no {what}, base probability discounted: {parts}"
+    return f"unchanged (no {what}): {', '.join(kept)}"
+
+
+def format_adaptation(block: Mapping[str, Any]) -> str:
+    """The ``adaptation`` block in a few lines, for the terminal and the model card."""
+    labels = block.get("labels") or {}
+    per_class = ", ".join(f"{k} {v}" for k, v in (labels.get("per_class") or {}).items())
+    events = ", ".join(f"{k} {v}" for k, v in (labels.get("events") or {}).items())
+    base = block.get("base_model") or {}
+    cv = block.get("cv") or {}
+    lines = [
+        f"head {block.get('method')} on {labels.get('n', '?')} labels ({per_class}; events: "
+        f"{events or '?'}), base model {base.get('file')} (sha256 {str(base.get('sha256'))[:12]})",
+        f"cross-validation ({cv.get('scheme', '?')}), NLL / accuracy / macro-F1:",
+    ]
+    for method, m in (cv.get("candidates") or {}).items():
+        mark = " <- chosen" if method == block.get("method") else ""
+        lines.append(
+            f"  {method:<15} {m['nll']:.4f} / {m['accuracy']:.4f} / {m['macro_f1']:.4f}{mark}"
+        )
+    text = unlabelled_text(block)
+    if text:
+        lines.append(text)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# end to end
+
+
+@dataclass
+class AdaptResult:
+    """What :func:`adapt_model` wrote: the model file, its ``adaptation`` block, and the seconds
+    of the embedding pass and of the fit (cross-validation and final head)."""
+
+    out: Path
+    block: dict[str, Any]
+    embed_seconds: float
+    fit_seconds: float
+
+
+def adapt_model(
+    predictor,
+    buildings,
+    out: str | os.PathLike,
+    methods: Sequence[str] = METHODS,
+    batch_size: int = 32,
+    seed: int = 0,
+    unlabelled: str = "discount",
+) -> AdaptResult:
+    """Adapt the head of ``predictor``'s model to the labelled buildings and write ``out``.
+
+    Args:
+        predictor: the base :class:`runtime.predictor.Predictor` (an adapted model is refitted
+            from its graph, not stacked).
+        buildings: :class:`app.adapt.labelled.Buildings`; only the labelled ones are used.
+        out: the ``.onnx`` file to write (atomically; may be the base model itself).
+        methods: the heads to try.
+        batch_size: chips per inference batch.
+        seed: seed of the cross-validation split.
+        unlabelled: what happens to classes without a label (``app.adapt.fit.UNLABELLED_RULES``).
+
+    Raises:
+        AdaptError: no labelled building, fewer than two classes, ``out`` not ``.onnx``.
+    """
+    if Path(out).suffix != ".onnx":
+        raise AdaptError(f"{out}: the model file name must end in .onnx")
+    labelled = buildings.subset(buildings.labelled)
+    sources = "; ".join(buildings.sources) or "the given buildings"
+    if len(labelled) == 0:
+        raise AdaptError(f"{sources}: no labelled building to adapt to")
+    start = time.perf_counter()
+    pred = predictor.predict(labelled.pre, labelled.post, batch_size=batch_size)
+    raw = pred.raw_logits if pred.raw_logits is not None else pred.logits
+    embed_seconds = time.perf_counter() - start
+    names = list(predictor.class_names)
+    t0, _ = base_of(predictor.metadata)
+    try:
+        adaptation = adapt_head(
+            raw,
+            pred.embedding,
+            labelled.labels,
+            len(names),
+            t0,
+            base_prototypes(predictor.metadata, names),
+            methods,
+            seed,
+            unlabelled,
+        )
+    except AdaptError as exc:
+        raise AdaptError(f"{sources}: {exc}") from exc
+    block = adaptation_block(
+        adaptation, names, predictor.path, predictor.metadata, labelled.counts(names)
+    )
+    write_adapted(predictor.path, out, block)
+    return AdaptResult(Path(out), block, embed_seconds, adaptation.seconds)
+
+
+def adaptation_summary(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``adaptation`` block of a model's metadata without the head's weights (for model
+    cards), or None when the model was not adapted."""
+    block = (metadata or {}).get(METADATA_KEY)
+    if not isinstance(block, Mapping):
+        return None
+    out = {k: v for k, v in block.items() if k != "head"}
+    head = block.get("head")
+    if isinstance(head, Mapping):
+        out["base_temperature"] = head.get("base_temperature")
+    return out

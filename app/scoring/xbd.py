@@ -1,0 +1,370 @@
+"""Scoring in xBD mode: one xBD pre/post image pair and its label JSON, without torch.
+
+:func:`score_xbd` grades every ``features.xy`` polygon of an xBD label file (or the buildings a
+localiser finds when there is none) on a pixel-aligned pre/post pair (PNG or TIFF), with the
+shared scoring machinery of :mod:`app.scoring.scene` (chips cut by ``data_prep``, the ONNX model through
+:class:`runtime.predictor.Predictor`, the same output columns and files as scene mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from app.scoring.outputs import overlay_size
+from app.scoring.scene import (
+    NOT_COVERED,
+    SKIPPED,
+    ScoreReport,
+    _all_or_nothing,
+    _Batcher,
+    _report_counts,
+    _Scores,
+    _to_crs,
+    _write_features,
+    bounded_gdal_cache,
+    check_outputs,
+)
+from data_prep.mosaic import SceneError
+from data_prep.report import Skipped
+
+if TYPE_CHECKING:
+    from runtime.predictor import Predictor
+
+
+def _xbd_features(labels: Path) -> tuple[list[dict], dict[str, str]]:
+    """The building features of an xBD label file and the lng_lat WKT by uid."""
+    with open(labels, "rb") as fh:
+        data = json.loads(fh.read())
+    features = data["features"]
+    lonlat = {}
+    for f in features.get("lng_lat") or []:
+        props = (f.get("properties") or {}) if isinstance(f, dict) else {}
+        if "uid" in props and isinstance(f.get("wkt"), str):
+            lonlat.setdefault(str(props["uid"]), f["wkt"])
+    out = []
+    for i, feature in enumerate(features["xy"]):
+        props = (feature.get("properties") if isinstance(feature, dict) else None) or {}
+        if props.get("feature_type", "building") != "building":
+            continue
+        wkt = feature.get("wkt") if isinstance(feature, dict) else None
+        out.append(
+            {
+                "uid": str(props.get("uid") or f"#{i}"),
+                "properties": props,
+                "wkt": wkt if isinstance(wkt, str) else None,
+            }
+        )
+    return out, lonlat
+
+
+def _image_georef(path: str | os.PathLike):
+    """(crs, transform) of a georeferenced image, (None, None) for a plain pixel image."""
+    import warnings
+
+    import rasterio
+    from rasterio.errors import NotGeoreferencedWarning, RasterioError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            with rasterio.open(path) as ds:
+                if ds.crs is not None and not ds.transform.is_identity:
+                    return ds.crs, ds.transform
+    except RasterioError:
+        pass
+    return None, None
+
+
+def score_xbd(
+    predictor: Predictor,
+    pre: str | os.PathLike,
+    post: str | os.PathLike,
+    labels: str | os.PathLike | None,
+    out: str | os.PathLike,
+    *,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+    batch_size: int = 32,
+    name: str | None = None,
+    progress: bool = True,
+    max_pixels: int | None = None,
+    align: str = "auto",
+    localizer=None,
+    source: str = "given",
+) -> ScoreReport:
+    """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
+
+    The post image's shift against the pre image is measured and, when confident and longer
+    than a pixel, corrected before chips are cut (:func:`data_prep.alignment.align_images`).
+
+    Buildings come from the label's ``features.xy`` pixel polygons (parsed by
+    :func:`data_prep.xbd.parse_buildings`; damage subtypes, if any, are ignored and carried over
+    as attributes). Chips are cut as ``prepare xbd`` cuts them (:func:`data_prep.windows.chip_window`,
+    boundless crop, :func:`data_prep.windows.resize_chip`).
+
+    Geometries: GeoJSON gets each building's ``features.lng_lat`` polygon (or, when missing and
+    the pre image is georeferenced, the pixel polygon through the image's transform; otherwise a
+    null geometry). A GeoPackage gets pixel polygons, in the image's CRS when it is georeferenced
+    and as plain pixel coordinates (x = column, y = row, no CRS) otherwise; so does the raster.
+
+    Args:
+        predictor: the loaded ONNX model.
+        pre, post: the pre- and post-disaster images (same size).
+        labels: xBD label JSON (post or pre; only the polygons are used); None to detect the
+            buildings on the pre image with ``localizer`` (:mod:`app.scoring.detect`).
+        out: ``.geojson`` or ``.gpkg``.
+        raster: optional ``.tif`` class raster on the image's pixel grid.
+        overlay: optional ``.png`` overlay.
+        batch_size: chips per inference batch.
+        name: scene name (default: the label file's stem without ``_post_disaster``).
+        progress: show a progress bar over buildings.
+        max_pixels: pixel limit per image, checked before decoding (default
+            :func:`data_prep.quality.max_pixels`).
+        align: ``auto`` (measure and correct the post-to-pre shift) or ``off``.
+        localizer: the :class:`runtime.localizer.Localizer` that finds the buildings when ``labels``
+            is None (default: the bundled one, when present).
+        source: the output ``source`` of every building (``given`` or ``detected``).
+
+    Returns:
+        The report.
+
+    Raises:
+        SceneError: an unreadable, truncated, blank or too large image, an unreadable label
+            file, images of different sizes, no building
+            in the label file, or a GeoJSON output for a label file without ``lng_lat``
+            polygons and without georeferenced images.
+        OutputError: an output path with an unusable suffix.
+    """
+    from tqdm import tqdm
+
+    from data_prep.imagery import ImageError, split_file_message
+    from data_prep.quality import blank_reason
+    from data_prep.report import PrepareReport
+    from data_prep.residual import image_context_residual
+    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.xbd import parse_buildings, read_tile_pair
+
+    start = time.perf_counter()
+    fmt = check_outputs(out, raster, overlay)
+    if labels is None:
+        from app.scoring import detect
+
+        localizer = detect.require_localizer(localizer, "--labels")
+        name = name or detect.scene_name(pre)
+        with detect.temporary_folder() as tmp:
+            path = tmp / f"{name}_pre_disaster.json"
+            found = detect.detect_xbd_labels(localizer, pre, post, path, max_pixels)
+            report = score_xbd(
+                predictor,
+                pre,
+                post,
+                path,
+                out,
+                raster=raster,
+                overlay=overlay,
+                batch_size=batch_size,
+                name=name,
+                progress=progress,
+                max_pixels=max_pixels,
+                align=align,
+                source=detect.DETECTED,
+            )
+        report.detected, report.seconds = found, time.perf_counter() - start
+        return report
+    labels = Path(labels)
+    name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
+    class_names = tuple(predictor.class_names)
+    report = ScoreReport(scene=name, class_names=class_names)
+    if not labels.is_file():
+        raise SceneError(labels, "label file not found")
+    parsed = PrepareReport()
+    try:
+        _, buildings = parse_buildings(labels, parsed, ignore_labels=True)
+    except (OSError, ValueError) as exc:
+        raise SceneError(labels, str(exc)) from exc
+    features, lonlat_wkt = _xbd_features(labels)
+    if not features:
+        raise SceneError(labels, "holds no building polygons in features.xy; nothing to score")
+    try:
+        pre_img, post_img = read_tile_pair(pre, post, max_pixels)
+    except ImageError as exc:
+        item, text = split_file_message(str(exc), (pre, post))
+        raise SceneError(item or pre, text) from exc
+    if pre_img.shape != post_img.shape:
+        raise SceneError(
+            post,
+            f"is {post_img.shape[1]}x{post_img.shape[0]} px but the pre image {pre} is "
+            f"{pre_img.shape[1]}x{pre_img.shape[0]} px; xBD mode needs pixel-aligned pairs "
+            "(use --buildings with georeferenced GeoTIFFs to have post warped onto pre)",
+        )
+    height, width = pre_img.shape[:2]
+    crs, transform = _image_georef(pre)
+    from data_prep.alignment import align_images
+
+    post_img, shift = align_images(
+        pre_img,
+        post_img,
+        align,
+        res=abs(transform.a) if crs is not None else 1.0,
+        units=(crs.linear_units or "units") if crs is not None else "pixel",
+    )
+    report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
+
+    n = len(features)
+    report.buildings = n
+    scores = _Scores(n, len(class_names))
+    scores.source = source
+    by_uid = {b.uid: b for b in buildings}
+    reasons = {s.item: s.reason for s in parsed.skipped}
+    used: set[str] = set()
+    spec = predictor.spec
+    batcher = _Batcher(predictor, scores, batch_size)
+    for row, feat in enumerate(
+        tqdm(features, desc="buildings", unit="bldg", disable=None if progress else True)
+    ):
+        uid = feat["uid"]
+        item = f"{labels} building {uid}"
+        b = by_uid.get(uid)
+        if b is None or uid in used:
+            reason = (
+                "uid repeated within the label file; only the first is scored"
+                if uid in used
+                else reasons.get(item, "no usable polygon")
+            )
+            scores.status[row] = f"{SKIPPED}: {reason}"
+            report.skipped.append(Skipped(item, reason))
+            continue
+        used.add(uid)
+        minx, miny, maxx, maxy = b.bbox
+        if maxx <= 0 or maxy <= 0 or minx >= width or miny >= height:
+            scores.status[row] = NOT_COVERED
+            continue
+        window = chip_window(b.centroid, b.bbox, spec)
+        pre_chip = resize_chip(crop_boundless(pre_img, window), spec.chip_size)
+        post_chip = resize_chip(crop_boundless(post_img, window), spec.chip_size)
+        blank = blank_reason(pre_chip, post_chip)
+        if blank:
+            scores.skip(row, blank)
+            report.skipped.append(Skipped(item, blank))
+            continue
+        shift = image_context_residual(pre_img, post_img, b.centroid, window.size)
+        batcher.add(row, pre_chip, post_chip, shift)
+    batcher.flush()
+    _report_counts(report, scores)
+
+    with bounded_gdal_cache(), _all_or_nothing(report):
+        pixel = np.empty(n, dtype=object)
+        pixel[:] = [
+            None
+            if f["wkt"] is None or scores.status[i].startswith(SKIPPED)
+            else _safe_wkt(f["wkt"])
+            for i, f in enumerate(features)
+        ]
+        if raster is not None:
+            from app.scoring.outputs import write_class_raster
+
+            write_class_raster(
+                raster,
+                pixel,
+                scores.class_id,
+                width,
+                height,
+                crs=crs,
+                transform=transform,
+                class_names=class_names,
+            )
+            report.outputs["raster"] = str(raster)
+        if overlay is not None:
+            import cv2
+
+            from app.scoring.outputs import write_overlay
+
+            w, h = overlay_size(width, height)
+            image = (
+                post_img
+                if (w, h) == (width, height)
+                else cv2.resize(post_img, (w, h), interpolation=cv2.INTER_AREA)
+            )
+            write_overlay(
+                overlay,
+                image,
+                pixel,
+                scores.class_id,
+                (w / width, h / height),
+                class_names,
+                flagged=scores.flags != "",
+            )
+            report.outputs["overlay"] = str(overlay)
+
+        from data_prep.mosaic import Grid
+
+        georef = None
+        if crs is not None:
+            georef = Grid(crs=crs, transform=transform, width=width, height=height)
+        if fmt == "geojson":
+            geometries = np.empty(n, dtype=object)
+            geometries[:] = [_safe_wkt(lonlat_wkt.get(f["uid"])) for f in features]
+            missing = np.array([g is None for g in geometries]) & np.array(
+                [p is not None for p in pixel]
+            )
+            if missing.any() and georef is not None:
+                geometries[missing] = _to_crs(georef.from_pixels(pixel[missing]), crs, "OGC:CRS84")
+            if all(g is None for g in geometries) and n:
+                raise SceneError(
+                    labels,
+                    "has no features.lng_lat polygons and the images are not georeferenced, so "
+                    "buildings cannot be placed in longitude/latitude for GeoJSON; write a .gpkg "
+                    "instead (pixel coordinates)",
+                )
+            out_crs = "OGC:CRS84"
+        elif georef is not None:
+            present = np.array([p is not None for p in pixel])
+            geometries = np.empty(n, dtype=object)
+            geometries[present] = georef.from_pixels(pixel[present])
+            out_crs = crs
+        else:
+            geometries, out_crs = pixel, None
+        attributes, masks = _xbd_attributes(features)
+        _write_features(
+            out, geometries, out_crs, attributes, masks, scores, report, name, predictor
+        )
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _safe_wkt(wkt: str | None):
+    import shapely
+    from shapely.errors import ShapelyError
+
+    if not wkt:
+        return None
+    try:
+        geom = shapely.from_wkt(wkt)
+    except ShapelyError:
+        return None
+    return None if geom is None or geom.is_empty else geom
+
+
+def _xbd_attributes(features: list[dict]) -> tuple[dict, dict]:
+    """Text attributes from the features' properties (every key seen, null where absent)."""
+    keys: list[str] = []
+    for f in features:
+        for k in f["properties"]:
+            if k not in keys:
+                keys.append(str(k))
+    attrs, masks = {}, {}
+    for k in keys:
+        values = [f["properties"].get(k) for f in features]
+        attrs[k] = np.array(
+            [None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values],
+            dtype=object,
+        )
+        masks[k] = np.array([v is None for v in values], dtype=bool)
+    return attrs, masks

@@ -1,0 +1,132 @@
+"""The model card the web app shows beside its model picker, as Markdown: classes, training
+data, validation and held-out test metrics, calibration, the ``ood`` flag and the adaptation to a
+new event (:meth:`runtime.predictor.Predictor.card`)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.predictor import Predictor
+
+
+def card_markdown(predictor: Predictor) -> str:
+    """A model card as Markdown: classes, training data, validation and test metrics,
+    calibration, licence."""
+    card = predictor.card()
+    lines = [
+        f"**{card['name']}** ({card.get('encoder') or '?'}, {card.get('method') or '?'}, "
+        f"{card['precision']}, {card['input_size']} px input, {card['size_mb']} MB)",
+        "",
+        f"- classes: {', '.join(card['classes'])}",
+        f"- training data: {_training_text(card.get('training_data'))}",
+        f"- licence: {_text(card.get('license'))}",
+        f"- change map (heatmap): {'yes' if predictor.has_change_map else 'no'}",
+        f"- validation: {_validation_text(card.get('validation_metrics'))}",
+    ]
+    tested = card.get("test_metrics")
+    if isinstance(tested, dict):
+        f1 = tested.get("f1") or {}
+        lines.append(
+            f"- held-out test ({tested.get('n', '?')} buildings): accuracy "
+            f"{_text(tested.get('accuracy'))}, macro-F1 {_text(tested.get('macro_f1'))}"
+            + (", F1 " + ", ".join(f"{k} {_text(v)}" for k, v in f1.items()) if f1 else "")
+        )
+    lines.append(f"- calibration: {_calibration_text(card.get('calibration'))}")
+    lines.append(f"- ood flag: {_ood_text(card.get('ood'))}")
+    lines.append(f"- adapted to a new event: {_adaptation_text(card.get('adaptation'))}")
+    return "\n".join(lines)
+
+
+def _adaptation_text(block: Any) -> str:
+    if not isinstance(block, dict):
+        return "no (the trained head; adapt it with `local-damage adapt`)"
+    labels = block.get("labels") or {}
+    per_class = ", ".join(f"{k} {v}" for k, v in (labels.get("per_class") or {}).items() if v)
+    events = ", ".join(str(e) for e in (labels.get("events") or {}))
+    chosen = (block.get("cv") or {}).get("candidates", {}).get(block.get("method")) or {}
+    base = block.get("cv", {}).get("candidates", {}).get("base") or {}
+    base_model = block.get("base_model") or {}
+    text = (
+        f"yes, {block.get('method')} head fitted on {labels.get('n', '?')} labelled buildings "
+        f"({per_class}) of {events or '?'}; base model {base_model.get('file', '?')}"
+    )
+    if chosen and base:
+        text += (
+            f"; cross-validated accuracy {_text(chosen.get('accuracy'))} "
+            f"(base {_text(base.get('accuracy'))}), macro-F1 {_text(chosen.get('macro_f1'))} "
+            f"(base {_text(base.get('macro_f1'))})"
+        )
+    from app.adapt.model import unlabelled_text
+
+    kept = unlabelled_text(block)
+    if kept:
+        text += f"; {kept}"
+    return text
+
+
+def _ood_text(block: Any) -> str:
+    if not isinstance(block, dict) or block.get("threshold") is None:
+        return "off: the model carries no class prototypes (add them with `local-damage calibrate`)"
+    src, thr = block.get("prototypes_from") or {}, block.get("threshold_from") or {}
+    return (
+        f"on, when the largest cosine to a class prototype is below "
+        f"{_text(float(block['threshold']))} (prototypes from {src.get('selection', '?')}; "
+        f"threshold flags {_text(thr.get('flagged'))} of {thr.get('n', '?')} buildings of fold "
+        f"{thr.get('fold', '?')})"
+    )
+
+
+def _calibration_text(block: Any) -> str:
+    if not isinstance(block, dict) or block.get("temperature") is None:
+        return "none: the probabilities are the plain softmax of the logits, likely over-confident"
+    fitted = block.get("fitted_on") or {}
+    if block.get("adapted"):
+        return f"T = 1 on the adapted head's output: {_text(fitted.get('selection'))}"
+    where = fitted.get("selection") or (
+        f"fold {fitted['fold']} of {fitted.get('chips')}"
+        if fitted.get("fold") is not None
+        else _text(fitted.get("chips"))
+    )
+    text = (
+        f"calibrated by temperature scaling, T = {_text(float(block['temperature']))}, fitted on "
+        f"{fitted.get('n', '?')} buildings ({where})"
+    )
+    before, after = block.get("before"), block.get("after")
+    if isinstance(before, dict) and isinstance(after, dict) and "ece" in before and "ece" in after:
+        text += f"; ECE {_text(before['ece'])} before, {_text(after['ece'])} after, on those chips"
+    return text
+
+
+def _training_text(info: Any) -> str:
+    if not isinstance(info, dict):
+        return _text(info)
+    events = info.get("events") or []
+    text = f"{info.get('source', 'unknown')}"
+    if info.get("train_chips") is not None:
+        text += f", {info['train_chips']} training buildings"
+    if events:
+        text += f" from {len(events)} event(s): {', '.join(map(str, events))}"
+    if info.get("credit"):
+        text += f" ({info['credit']})"
+    return text
+
+
+def _validation_text(metrics: Any) -> str:
+    if not isinstance(metrics, dict) or not metrics:
+        return "not recorded"
+    if metrics.get("macro_f1") is None:
+        return "none (trained on every labelled chip; see the held-out test figures)"
+    shown = {k: v for k, v in metrics.items() if v is not None and not isinstance(v, (dict, list))}
+    return ", ".join(f"{k} {_text(v)}" for k, v in shown.items())
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "not recorded"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)[:300]
+    return str(value)

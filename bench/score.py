@@ -1,0 +1,208 @@
+"""`local-damage bench score`: `score-batch` throughput for 1 and 2 workers on the same scenes.
+
+For each worker count the same batch is scored by :func:`app.scoring.batch.score_batch` into a temporary
+folder, as `score-batch --workers N` does: one worker scores in this process, more run on an
+embedded Dask cluster of that many single-threaded processes (:mod:`data_prep.engine`). The
+cluster is started, and the model loaded in every worker, before anything is timed (a warm-up
+batch), so the figures are the steady rate of a long batch; the cluster's start-up is reported
+on its own. Scenes per second and buildings per second are printed with their ratio to the
+1-worker run of the same invocation.
+
+Default inputs: a synthetic batch (copies of the seeded synthetic scene,
+:func:`data_prep.synthetic_scene.make_scene`), so the benchmark needs no data; ``--scenes``
+takes a CSV or folder of real scenes as `score-batch` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def synthetic_batch(root: str | os.PathLike, scenes: int, seed: int = 0) -> Path:
+    """A folder of ``scenes`` scene folders (``s000``, ...) sharing one seeded synthetic scene's
+    files through symbolic links; returns the folder (a `score-batch --scenes` input)."""
+    from data_prep.synthetic_scene import make_scene
+
+    root = Path(root)
+    scene = make_scene(root / "source", seed=seed)
+    folder = root / "scenes"
+    for i in range(int(scenes)):
+        one = folder / f"s{i:03d}"
+        for sub, paths in (("pre", scene.pre), ("post", scene.post)):
+            (one / sub).mkdir(parents=True)
+            for p in paths:
+                (one / sub / p.name).symlink_to(Path(p).absolute())
+        (one / "footprints.geojson").symlink_to(Path(scene.buildings).absolute())
+    return folder
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def bench_score(
+    model: str | os.PathLike,
+    scenes: Sequence,
+    workers: Sequence[int] = (1, 2),
+    repeat: int = 1,
+    raster: bool = False,
+) -> dict[str, Any]:
+    """Score the same scenes with each worker count; the figures as a dict.
+
+    Args:
+        model: the ONNX damage model.
+        scenes: :class:`app.scoring.batch.SceneJob` entries (from :func:`app.scoring.batch.read_scene_list`).
+        workers: worker counts to run; the first is the baseline of the ratios.
+        repeat: timed batches per worker count; the fastest counts.
+        raster: also write each scene's class raster, as `score-batch --raster`.
+
+    Returns:
+        ``{"model", "scenes", "buildings", "cpu_count", "load_average", "baseline_workers",
+        "rows": [{"workers", "where", "startup_s", "seconds", "scenes_per_s",
+        "buildings_per_s", "scenes_ratio", "buildings_ratio", "failed"}]}``.
+    """
+    from app.scoring.batch import score_batch
+    from data_prep.engine import open_client
+    from runtime.predictor import Predictor
+
+    scenes = list(scenes)
+    if not scenes:
+        raise ValueError("no scenes to score")
+    predictor = Predictor(model)
+    rows: list[dict[str, Any]] = []
+    buildings = 0
+    for w in workers:
+        w = max(int(w), 1)
+        start = time.perf_counter()
+        with open_client(w) as client, tempfile.TemporaryDirectory(prefix="bench-score-") as tmp:
+            options = dict(raster=raster, progress=False, workers=w, client=client)
+            # warm-up: start the workers and load the model in each before timing
+            warm = scenes[: max(2 * w, 1)]
+            score_batch(predictor, warm, Path(tmp) / "warm", **options)
+            startup = time.perf_counter() - start
+            best = float("inf")
+            for r in range(max(int(repeat), 1)):
+                t0 = time.perf_counter()
+                report = score_batch(predictor, scenes, Path(tmp) / f"run{r}", **options)
+                best = min(best, time.perf_counter() - t0)
+        scored = [s for s in report.scenes if s.get("status") == "scored"]
+        buildings = sum(s["report"]["buildings"] for s in scored)
+        rows.append(
+            {
+                "workers": w,
+                "where": "in this process" if client is None else "embedded Dask cluster",
+                "startup_s": round(startup, 3),
+                "seconds": round(best, 3),
+                "scenes_per_s": round(len(scored) / best, 3),
+                "buildings_per_s": round(buildings / best, 1),
+                "failed": len(scenes) - len(scored),
+            }
+        )
+    base = rows[0]
+    for row in rows:
+        row["scenes_ratio"] = round(row["scenes_per_s"] / base["scenes_per_s"], 3)
+        row["buildings_ratio"] = round(row["buildings_per_s"] / base["buildings_per_s"], 3)
+    return {
+        "model": str(model),
+        "scenes": len(scenes),
+        "buildings": buildings,
+        "cpu_count": os.cpu_count(),
+        "load_average": _load_average(),
+        "baseline_workers": base["workers"],
+        "rows": rows,
+    }
+
+
+def format_table(figures: dict[str, Any]) -> str:
+    """The figures as a table, ratios against the baseline worker count."""
+    lines = [
+        f"score-batch: {figures['scenes']} scenes, {figures['buildings']} buildings, "
+        f"model {figures['model']}",
+        f"machine: {figures['cpu_count']} CPU cores, load average {figures['load_average']}",
+        f"{'workers':>7}  {'where':<21}  {'start s':>7}  {'batch s':>8}  {'scenes/s':>8}  "
+        f"{'bldg/s':>8}  {'ratio':>5}",
+    ]
+    for r in figures["rows"]:
+        lines.append(
+            f"{r['workers']:>7}  {r['where']:<21}  {r['startup_s']:>7.2f}  {r['seconds']:>8.2f}  "
+            f"{r['scenes_per_s']:>8.2f}  {r['buildings_per_s']:>8.1f}  "
+            f"{r['buildings_ratio']:>5.2f}"
+        )
+    lines.append(
+        f"ratio: buildings/s against {figures['baseline_workers']} worker(s) in the same run; "
+        "start s: cluster start-up and model loads (not in batch s)"
+    )
+    return "\n".join(lines)
+
+
+def add_parser(bench_sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage bench score``."""
+    p = bench_sub.add_parser(
+        "score",
+        help="score-batch scenes/s and buildings/s for 1 and 2 workers, as ratios",
+        description=(
+            "Score the same scenes with `score-batch` for each worker count (1: in this process; "
+            "more: an embedded Dask cluster, started and warmed up before timing) and print "
+            "scenes/s and buildings/s with their ratio to the first worker count. Default "
+            "inputs: a synthetic batch made on the fly; --scenes for real ones."
+        ),
+    )
+    p.add_argument(
+        "--scenes",
+        metavar="CSV_OR_DIR",
+        help="scene list or folder of scene folders, as score-batch (default: a synthetic batch)",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=24,
+        metavar="N",
+        help="scenes in the synthetic batch (default 24)",
+    )
+    p.add_argument(
+        "--model", metavar="ONNX", help="damage model (default: the bundled default model)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        metavar="N",
+        help="worker counts; the first is the baseline (default 1 2)",
+    )
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="timed batches (default 1)")
+    p.add_argument("--raster", action="store_true", help="also write class rasters")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.scoring.batch import read_scene_list
+    from data_prep.engine import EngineError
+    from data_prep.mosaic import SceneError
+    from runtime.predictor import ModelError, default_model
+
+    try:
+        model = args.model if args.model is not None else default_model()
+        with tempfile.TemporaryDirectory(prefix="bench-score-scenes-") as tmp:
+            source = args.scenes or synthetic_batch(tmp, args.count)
+            scenes, problems = read_scene_list(source)
+            for p in problems:
+                print(f"skipped {p.item}: {p.reason}", file=sys.stderr)
+            figures = bench_score(model, scenes, args.workers, args.repeat, args.raster)
+    except (ModelError, SceneError, EngineError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(figures, indent=2) if args.json else format_table(figures))
+    return 0

@@ -1,0 +1,1 @@
+"""The ``local-damage`` console script: one module per command group, shared option helpers."""

@@ -1,0 +1,251 @@
+"""`local-damage adapt`: adapt a model's head to a new event, and suggest what to label next."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cli.prepare import align_argument
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage adapt``."""
+    p = sub.add_parser(
+        "adapt",
+        help="adapt a model to a new event from a few labelled buildings (seconds, no PyTorch)",
+        description=(
+            "Fit a new head on the model's embedding to labelled buildings of a new event and "
+            "write a self-describing copy of the model that carries it (the `adaptation` "
+            "metadata). Several heads are cross-validated on the labels (base model unchanged, "
+            "class prototypes blended with the model's own, logistic regression on the "
+            "embedding, and the same with the base model's log-probabilities as a prior); the "
+            "one with the lowest cross-validated log-loss is kept. Classes without a label keep "
+            "the base model's probabilities, discounted by how often the base model expected "
+            "them among the labelled buildings (--unlabelled). Labelled buildings come from a "
+            "chip store "
+            "(--chips), a labelled footprint file on pre/post imagery (--buildings with "
+            "--label-field, or an xBD --labels JSON) and the app's saved corrections "
+            "(--corrections); several may be combined. With --suggest N, ranks the unlabelled "
+            "buildings of the same inputs to label next (with a model not yet adapted: a random "
+            "draw, a fixed shuffle by building id; with an adapted one: the buildings it "
+            "hesitates on, spread over the embedding space, alternating with the random draw) "
+            "and writes the ranking as CSV. See docs/adapt.md."
+        ),
+    )
+    p.add_argument("--model", metavar="ONNX", help="base model (default: the bundled model)")
+    p.add_argument("--chips", metavar="CHIPS", help="chip store (manifest.csv + shards)")
+    p.add_argument(
+        "--fold", type=int, metavar="K", help="with --chips: only fold K of CHIPS/splits.csv"
+    )
+    p.add_argument(
+        "--event",
+        metavar="NAME",
+        help="with --chips: only the buildings of this event; otherwise the event name recorded "
+        "for the buildings read (default: the scene name)",
+    )
+    p.add_argument("--pre", nargs="+", metavar="PATH", help="pre-disaster image(s)")
+    p.add_argument("--post", nargs="+", metavar="PATH", help="post-disaster image(s)")
+    p.add_argument(
+        "--buildings",
+        metavar="FILE",
+        help="footprints on georeferenced --pre/--post (GeoJSON, GeoPackage, Shapefile)",
+    )
+    p.add_argument(
+        "--label-field",
+        metavar="FIELD",
+        help="attribute of --buildings holding the class (name or 0-3); empty: unlabelled; "
+        "without it every building is unlabelled (only useful with --suggest)",
+    )
+    p.add_argument(
+        "--labels",
+        metavar="XBD_JSON",
+        help="xBD label JSON (subtype = class) on one pixel-aligned --pre/--post pair",
+    )
+    p.add_argument(
+        "--corrections",
+        nargs="+",
+        metavar="PATH",
+        default=[],
+        help="corrections saved by the app: an assessment folder (session.json + "
+        "corrections.json), its corrections.json or a file under its corrections/ folder; "
+        "several accumulate; with --suggest, the tile's uncorrected buildings are ranked",
+    )
+    p.add_argument("--out", metavar="NAME.onnx", help="adapted model to write")
+    p.add_argument(
+        "--heads",
+        default=",".join(_methods()),
+        metavar="LIST",
+        help=f"comma-separated heads to try (default {','.join(_methods())})",
+    )
+    p.add_argument(
+        "--unlabelled",
+        choices=_rules(),
+        default="discount",
+        help="classes without a label: discount their base probability by how often the base "
+        "model expected them among the labelled buildings (default), or keep it exactly "
+        "(docs/adapt.md)",
+    )
+    p.add_argument(
+        "--suggest",
+        type=int,
+        metavar="N",
+        help="rank N unlabelled buildings of the inputs to label next (with the adapted model "
+        "when --out is given, else with --model)",
+    )
+    p.add_argument(
+        "--suggest-out",
+        metavar="CSV",
+        help="write the ranking here (default: print it)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the k-fold split (default 0)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="pairs per batch")
+    p.add_argument("--json", action="store_true", help="print the adaptation block as JSON")
+    align_argument(p)
+    p.set_defaults(func=run)
+
+
+def _methods() -> tuple[str, ...]:
+    from app.adapt.fit import METHODS
+
+    return METHODS
+
+
+def _rules() -> tuple[str, ...]:
+    from app.adapt.fit import UNLABELLED_RULES
+
+    return UNLABELLED_RULES
+
+
+def read_inputs(args: argparse.Namespace, predictor):
+    """Every building of the inputs named on the command line (:class:`app.adapt.labelled.Buildings`).
+
+    Raises:
+        LabelError: an unusable input, or options that do not go together.
+    """
+    from app.adapt.labelled import (
+        LabelError,
+        concat,
+        from_chip_store,
+        from_corrections,
+        from_scene,
+        from_session,
+        from_xbd,
+    )
+
+    names, spec = predictor.class_names, predictor.spec
+    parts = []
+    if args.chips:
+        parts.append(from_chip_store(args.chips, names, args.fold, args.event))
+    elif args.fold is not None:
+        raise LabelError("--fold selects a fold of --chips; give --chips")
+    if args.buildings and args.labels:
+        raise LabelError("give --buildings (georeferenced) or --labels (xBD), not both")
+    if (args.buildings or args.labels) and (not args.pre or not args.post):
+        raise LabelError(f"{args.buildings or args.labels}: give the imagery with --pre and --post")
+    event = None if args.chips else args.event
+    if args.buildings:
+        parts.append(
+            from_scene(
+                args.pre,
+                args.post,
+                args.buildings,
+                spec,
+                names,
+                args.label_field,
+                event,
+                align=args.align,
+            )
+        )
+    if args.labels:
+        if len(args.pre) != 1 or len(args.post) != 1:
+            raise LabelError(f"{args.labels}: xBD labels take exactly one --pre and one --post")
+        parts.append(
+            from_xbd(args.pre[0], args.post[0], args.labels, spec, names, True, event, args.align)
+        )
+    # to rank, the whole assessed tile is the pool; to adapt, the corrections' own copies suffice
+    # several assessments: one that cannot be read is reported and left out, the rest go on
+    read = from_session if args.suggest is not None else from_corrections
+    left_out = []
+    for path in args.corrections:
+        try:
+            parts.append(read(path, spec, names, event, args.align))
+        except LabelError as exc:
+            if len(args.corrections) == 1:
+                raise
+            left_out.append(str(exc))
+    for problem in left_out:
+        print(f"warning: left out: {problem}", file=sys.stderr)
+    if args.corrections and len(left_out) == len(args.corrections):
+        raise LabelError(f"none of the {len(left_out)} --corrections could be read (above)")
+    if not parts:
+        raise LabelError("no buildings given: use --chips, --buildings/--labels or --corrections")
+    return concat(parts, spec.chip_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.adapt.fit import AdaptError
+    from app.adapt.labelled import LabelError
+    from app.adapt.model import adapt_model, format_adaptation
+    from runtime.predictor import ModelError, Predictor, default_model
+
+    if args.out is None and args.suggest is None:
+        print("error: give --out (the adapted model) and/or --suggest N", file=sys.stderr)
+        return 2
+    if args.suggest is not None and args.suggest < 1:
+        print(f"error: --suggest must be at least 1, got {args.suggest}", file=sys.stderr)
+        return 2
+    heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
+    try:
+        predictor = Predictor(args.model if args.model else default_model())
+        buildings = read_inputs(args, predictor)
+        if args.out is not None:
+            result = adapt_model(
+                predictor,
+                buildings,
+                args.out,
+                heads,
+                args.batch_size,
+                args.seed,
+                args.unlabelled,
+            )
+            block = result.block
+            print(format_adaptation(block), file=sys.stderr)
+            print(
+                f"fit: {result.fit_seconds:.3f} s for {block['labels']['n']} labels "
+                f"({len(heads)} heads cross-validated, {block['cv']['scheme']}, then the chosen "
+                f"one fitted on all); embedding pass {result.embed_seconds:.2f} s",
+                file=sys.stderr,
+            )
+            print(f"wrote {result.out}", file=sys.stderr)
+            if args.json:
+                print(json.dumps(block, indent=1))
+            predictor = Predictor(result.out)
+        if args.suggest is not None:
+            _suggest(args, predictor, buildings)
+    except (LabelError, AdaptError, ModelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
+    from app.adapt.labelled import LabelError
+    from app.adapt.suggest import COLUMNS, suggest, write_suggestions
+
+    unlabelled = int((~buildings.labelled).sum())
+    if unlabelled == 0:
+        raise LabelError(
+            f"{'; '.join(buildings.sources)}: every building is labelled; --suggest ranks "
+            "unlabelled buildings (a chip store's label -1, footprints without --label-field "
+            "or with an empty label, such as a scored tile's output with its --pre/--post, or an "
+            "app assessment's uncorrected buildings)"
+        )
+    rows = suggest(predictor, buildings, args.suggest, batch_size=args.batch_size)
+    if args.suggest_out:
+        write_suggestions(args.suggest_out, rows)
+        print(f"wrote {args.suggest_out} ({len(rows)} of {unlabelled} unlabelled)", file=sys.stderr)
+        return
+    print(",".join(COLUMNS))
+    for r in rows:
+        print(",".join(str(getattr(r, c)) for c in COLUMNS))

@@ -1,0 +1,115 @@
+"""`local-damage calibrate`: fit a temperature and the ood threshold to an ONNX model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from local_damage.evaluation.calibrate import (
+    OOD_QUANTILE,
+    calibrate_model,
+    format_block,
+    format_ood,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage calibrate``."""
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a temperature to an ONNX model on validation chips (calibrated probabilities)",
+        description=(
+            "Temperature scaling: fit the temperature T that minimises the negative "
+            "log-likelihood of labelled chips the model did not train on, and write a copy of the "
+            "model with T in its `calibration` metadata. Scoring, the app and evaluate then give "
+            "softmax(logits / T) as the probabilities; grades do not change. Also stores the "
+            "class prototypes of the training folds' embeddings and the threshold of the `ood` "
+            "abstain flag chosen on the same chips (`ood` metadata; docs/flags.md). Runs "
+            "without torch."
+        ),
+    )
+    p.add_argument("--model", required=True, metavar="MODEL.onnx", help="model to calibrate")
+    p.add_argument("--chips", required=True, metavar="CHIPS", help="labelled chip store")
+    p.add_argument(
+        "--fold",
+        type=int,
+        metavar="K",
+        help="fit on fold K of CHIPS/splits.csv (the model's validation fold); default: every "
+        "labelled chip of CHIPS",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="NAME.onnx",
+        help="calibrated model to write (may be MODEL itself; written atomically)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
+    )
+    p.add_argument(
+        "--prototype-folds",
+        metavar="LIST",
+        help="comma-separated folds whose labelled chips give the class prototypes of the ood "
+        "flag (the model's training folds); default: every fold but --fold",
+    )
+    p.add_argument(
+        "--ood-quantile",
+        type=float,
+        default=OOD_QUANTILE,
+        metavar="Q",
+        help=f"fraction of the --fold chips the ood threshold flags (default {OOD_QUANTILE:g})",
+    )
+    p.add_argument(
+        "--no-ood",
+        action="store_true",
+        help="store no class prototypes (an existing ood block is kept as it is)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the calibration and ood blocks as JSON"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        print(f"error: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr)
+        return 2
+    try:
+        folds = (
+            [int(f) for f in args.prototype_folds.split(",") if f.strip()]
+            if args.prototype_folds
+            else None
+        )
+    except ValueError:
+        print(
+            f"error: --prototype-folds {args.prototype_folds!r}: give comma-separated fold "
+            "numbers, e.g. 0,2,4",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = calibrate_model(
+            args.model,
+            args.chips,
+            args.out,
+            fold=args.fold,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+            ood=not args.no_ood,
+            prototype_folds=folds,
+            ood_quantile=args.ood_quantile,
+        )
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_block(result["calibration"]))
+        if not args.no_ood:
+            print(format_ood(result["ood"]))
+    print(f"wrote {args.out}")
+    return 0

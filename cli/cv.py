@@ -1,0 +1,112 @@
+"""`local-damage cv`: k-fold cross-validation of training configs, as the paper's tables."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from local_damage.experiments.cv import (
+    CV_RESULTS,
+    CrossValidationError,
+    cross_validate,
+    table2,
+    table3,
+)
+
+
+def _parse_folds(text: str) -> list[int]:
+    try:
+        folds = [int(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected fold numbers such as 0,1,2, got {text!r}"
+        ) from None
+    if not folds:
+        raise argparse.ArgumentTypeError("expected at least one fold number")
+    return folds
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cv",
+        help="cross-validate training configs and write the paper's tables",
+        description=(
+            "For each config and each fold of CHIPS/splits.csv: train with the fold held out "
+            "(OUT/<method>/fold<K>), evaluate on it, and write OUT/table2.md (accuracy mean "
+            "(min-max) per config), OUT/table3.md (per-class F1 with prevalence, per method), "
+            "their CSV versions and OUT/cv_results.json. Finished folds are reused."
+        ),
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        nargs="+",
+        metavar="YAML",
+        help="training config(s), one method each",
+    )
+    p.add_argument(
+        "--chips", required=True, metavar="CHIPS", help="chip store folder with splits.csv"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument(
+        "--folds",
+        type=_parse_folds,
+        metavar="K,K,...",
+        help="folds to run (default: all in splits.csv)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of every config, e.g. --set train.epochs=5 (repeatable)",
+    )
+    p.add_argument(
+        "--name",
+        nargs="+",
+        metavar="NAME",
+        help="method names, one per config (default: file stems)",
+    )
+    p.add_argument(
+        "--views",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): second augmented view for SAA/SAD in each fold's metrics; 1: skip it",
+    )
+    p.add_argument(
+        "--holdout",
+        type=int,
+        metavar="K",
+        help="a fold never trained on nor evaluated (test tiles kept for the final figures)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no training progress bars or epoch lines")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        results = cross_validate(
+            args.config,
+            args.chips,
+            args.out,
+            folds=args.folds,
+            overrides=args.set,
+            names=args.name,
+            views=args.views,
+            progress=not args.quiet,
+            holdout=args.holdout,
+        )
+    except (CrossValidationError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(table2(results)[0])
+    print(table3(results)[0])
+    print(f"wrote {Path(args.out) / CV_RESULTS}, table2.md/.csv, table3.md/.csv")
+    if results["failed"]:
+        print(f"{len(results['failed'])} fold(s) failed:", file=sys.stderr)
+        for item in results["failed"]:
+            print(f"  {item['method']} fold {item['fold']}: {item['error']}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,208 @@
+"""`local-damage evaluate` (labelled chips) and `local-damage evaluate xview2` (whole xBD tiles)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.scoring.xview2 import METRICS_JSON as XVIEW2_METRICS_JSON
+from app.scoring.xview2 import XView2EvaluationError, evaluate_xview2, format_table
+from local_damage.evaluation.evaluate import (
+    METRICS_JSON,
+    PREDICTIONS_CSV,
+    evaluate_chips,
+    evaluate_xbd,
+    format_summary,
+)
+from local_damage.evaluation.scorers import load_scorer
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="score a trained model on labelled chips: metrics, predictions, figures",
+        description=(
+            "Evaluate a run folder (PyTorch) or an exported ONNX model on labelled chips and write "
+            "OUT/metrics.json (accuracy, macro-F1, per-class scores, xView2 damage F1, confusion "
+            "matrix, calibration ECE/NLL/Brier before and after the model's temperature, "
+            "representation metrics SAA/SAD/CAC/CAD/GPU), OUT/predictions.csv, "
+            "OUT/confusion_matrix.png, OUT/reliability.png and t-SNE plots of the embeddings. "
+            "One of --run/--model, one of --chips/--xbd and --out are required. "
+            "`local-damage evaluate xview2` scores whole xBD tiles with the xView2 challenge "
+            "metric instead."
+        ),
+    )
+    # not required=True: `evaluate xview2` brings its own options; run() checks them
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--run", metavar="RUN", help="run folder of `local-damage train`")
+    model.add_argument("--model", metavar="MODEL.onnx", help="exported ONNX model")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--chips", metavar="CHIPS", help="chip store folder")
+    data.add_argument(
+        "--xbd",
+        action="append",
+        metavar="ROOT",
+        help="xBD root: cut chips with the model's chip spec into a temporary store (repeatable)",
+    )
+    p.add_argument(
+        "--fold",
+        type=int,
+        metavar="K",
+        help="evaluate fold K of CHIPS/splits.csv (the run's validation fold); default: every labelled chip",
+    )
+    p.add_argument("--out", metavar="DIR", help="output folder")
+    p.add_argument(
+        "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
+    )
+    p.add_argument(
+        "--views",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): embed a second augmented view of each chip for SAA and SAD; 1: skip them",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the second view and t-SNE (default 0)"
+    )
+    p.add_argument(
+        "--tta",
+        choices=("none", "flips", "d8"),
+        default="none",
+        help="test-time augmentation of an ONNX --model: average each pair's outputs over 4 "
+        "flips or the 8 turns and mirrors (default none; docs/results.md measures it)",
+    )
+    p.add_argument(
+        "--device", default="auto", help="PyTorch device for --run: auto (the run's), cpu, cuda[:N]"
+    )
+    p.add_argument(
+        "--no-tsne", action="store_true", help="skip the t-SNE figures (slow on many chips)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+    tasks = p.add_subparsers(dest="evaluate_task", metavar="[xview2]", title="task (optional)")
+    add_xview2_parser(tasks)
+
+
+def run(args: argparse.Namespace) -> int:
+    needed = [
+        ("--run or --model", args.run or args.model),
+        ("--chips or --xbd", args.chips or args.xbd),
+        ("--out", args.out),
+    ]
+    missing = [flag for flag, given in needed if not given]
+    if missing:
+        print(
+            f"error: evaluate needs {', '.join(missing)} (see `local-damage evaluate --help`)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.fold is not None and args.xbd:
+        print(
+            "error: --fold applies to --chips; with --xbd every cut chip is evaluated",
+            file=sys.stderr,
+        )
+        return 2
+    if args.batch_size < 1:
+        print(f"error: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr)
+        return 2
+    options = {
+        "views": args.views,
+        "tsne": not args.no_tsne,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+    }
+    try:
+        scorer = load_scorer(run=args.run, model=args.model, device=args.device, tta=args.tta)
+        if args.xbd:
+            metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
+        else:
+            metrics = evaluate_chips(
+                scorer, args.chips, args.out, fold=args.fold, progress=not args.quiet, **options
+            )
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    print(f"{metrics['source'].get('selection', '')}")
+    print(format_summary(metrics))
+    print(f"wrote {Path(args.out) / METRICS_JSON} and {PREDICTIONS_CSV}")
+    return 0
+
+
+def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "xview2",
+        help="the xView2 challenge score (localisation F1, damage F1, overall) on xBD tiles",
+        description=(
+            "Score a damage model on xBD tiles as the xView2 challenge scores: targets drawn "
+            "from the post labels' polygons, predictions from the model's graded buildings, "
+            "pixel counts pooled over tiles; localisation F1, damage F1 (harmonic mean of the "
+            "four class F1) and overall = 0.3 x localisation + 0.7 x damage. Footprints given "
+            "(the label polygons) and, with --localizer, detected. Writes OUT/metrics.json and "
+            "each tile's graded buildings and class raster."
+        ),
+    )
+    p.add_argument(
+        "--root", required=True, metavar="XBD", help="xBD root: images/ and labels/ (or splits)"
+    )
+    p.add_argument("--model", required=True, metavar="MODEL.onnx", help="damage model (ONNX)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--fold",
+        type=int,
+        metavar="K",
+        help="score the tiles of fold K of CHIPS/splits.csv (needs --chips)",
+    )
+    which.add_argument(
+        "--tiles", nargs="+", metavar="TILE", help="score these tiles (<event>_<id>)"
+    )
+    p.add_argument(
+        "--chips",
+        metavar="CHIPS",
+        help="chip store whose splits.csv deals tiles to folds (with --fold)",
+    )
+    p.add_argument(
+        "--localizer",
+        metavar="LOCALIZER.onnx",
+        help="building localiser: also score with the footprints it detects",
+    )
+    p.add_argument(
+        "--pngs",
+        action="store_true",
+        help="also write the challenge scorer's PNG inputs under OUT/xview2",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=32, metavar="N", help="chips per batch (default 32)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_xview2)
+
+
+def run_xview2(args: argparse.Namespace) -> int:
+    from data_prep.xbd import XbdRootError
+    from runtime.predictor import ModelError
+
+    try:
+        metrics = evaluate_xview2(
+            args.root,
+            args.model,
+            args.out,
+            tiles=args.tiles,
+            chips=args.chips,
+            fold=args.fold,
+            localizer=args.localizer,
+            pngs=args.pngs,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+        )
+    except (XView2EvaluationError, XbdRootError, ModelError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(metrics["selection"])
+    print(format_table(metrics))
+    for item in metrics["failed"]:
+        print(f"failed {item['tile']}: {item['reason']}", file=sys.stderr)
+    print(f"wrote {Path(args.out) / XVIEW2_METRICS_JSON}")
+    return 1 if metrics["failed"] else 0

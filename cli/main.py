@@ -1,0 +1,82 @@
+"""The `local-damage` console script: one entry point, one subcommand per job.
+
+Parsers are cheap to build; each subcommand imports its torch-bearing library only when it runs,
+so `local-damage --help` is instant and serving commands never load torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from bench import alignment as bench_alignment
+from bench import fewshot as bench_fewshot
+from bench import flags as bench_flags
+from bench import infer as bench_infer
+from bench import score as bench_score
+from bench import train as bench_train
+from cli import adapt as adapt_cli
+from cli import calibrate as calibrate_cli
+from cli import cv as cv_cli
+from cli import evaluate as evaluate_cli
+from cli import export as export_cli
+from cli import geometry as geometry_cli
+from cli import localize as localize_cli
+from cli import prepare as prepare_cli
+from cli import probe as probe_cli
+from cli import score as score_cli
+from cli import train as train_cli
+from local_damage import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="local-damage",
+        description="Grade building damage from paired pre/post-disaster satellite imagery (LOCAL).",
+    )
+    parser.add_argument("--version", action="version", version=f"local-damage {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    prepare_cli.register(sub)
+    geometry_cli.add_parser(sub)
+    train_cli.add_parser(sub)
+    score_cli.add_parser(sub)
+    evaluate_cli.add_parser(sub)
+    cv_cli.add_parser(sub)
+    export_cli.add_parser(sub)
+    calibrate_cli.add_parser(sub)
+    adapt_cli.add_parser(sub)
+    probe_cli.add_parser(sub)
+    localize_cli.add_parser(sub)
+
+    bench = sub.add_parser(
+        "bench",
+        help="performance benchmarks that print figures",
+        description="Benchmarks: each prints its figures with ratios against a baseline measured in the same run.",
+    )
+    bench_sub = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    prepare_cli.register_bench(bench_sub)
+    bench_train.add_parser(bench_sub)
+    bench_infer.add_parser(bench_sub)
+    bench_fewshot.add_parser(bench_sub)
+    bench_flags.add_parser(bench_sub)
+    bench_alignment.add_parser(bench_sub)
+    bench_score.add_parser(bench_sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

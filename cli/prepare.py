@@ -1,0 +1,331 @@
+"""Command-line parsers for data preparation (`prepare`, `split`, `bench prepare`).
+
+Parsers are built without importing heavy libraries; each command imports what it needs when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _spec_arguments(parser: argparse.ArgumentParser) -> None:
+    from data_prep.spec import ChipSpec
+
+    d = ChipSpec()
+    parser.add_argument(
+        "--chip-size",
+        type=int,
+        default=d.chip_size,
+        metavar="N",
+        help=f"side of the stored chips in pixels (default {d.chip_size})",
+    )
+    parser.add_argument(
+        "--context",
+        type=float,
+        default=d.context,
+        metavar="F",
+        help=f"window side as a multiple of the footprint's longest bbox side (default {d.context})",
+    )
+    parser.add_argument(
+        "--min-size",
+        type=int,
+        default=d.min_size,
+        metavar="PX",
+        help=f"smallest window side in source pixels (default {d.min_size})",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit non-zero when any input was skipped"
+    )
+
+
+def _pixel_count(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, got {text}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def align_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--align`` (shared by `prepare scene`, `score` and `score-batch`)."""
+    from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
+
+    parser.add_argument(
+        "--align",
+        choices=ALIGN_MODES,
+        default=AUTO,
+        help="auto (default): measure the post-to-pre shift (phase correlation in blocks of the "
+        f"pre grid) and, when it is confident and longer than {MIN_CORRECT_PX:g} px, correct the "
+        "post imagery before chips are cut; the shift is reported either way. off: use the post "
+        "imagery as given",
+    )
+
+
+def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = None) -> None:
+    """Add ``--max-pixels`` (shared by `prepare`, `score`, `score-batch` and `app`)."""
+    from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV
+
+    parser.add_argument(
+        "--max-pixels",
+        type=_pixel_count,
+        metavar="N",
+        help="refuse, before decoding, any image, internal block or read window of more pixels "
+        f"(default: ${MAX_PIXELS_ENV}, else {default or MAX_PIXELS:_})",
+    )
+
+
+def resolve_max_pixels(args: argparse.Namespace) -> int | None:
+    """The pixel limit of a command, or None after printing why the environment's is unusable."""
+    from data_prep.quality import max_pixels
+
+    try:
+        return max_pixels(args.max_pixels)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _spec(args: argparse.Namespace):
+    from data_prep.spec import ChipSpec
+
+    return ChipSpec(chip_size=args.chip_size, context=args.context, min_size=args.min_size)
+
+
+def _finish(report, strict: bool) -> int:
+    print(report.summary(), file=sys.stderr)
+    return report.exit_code(strict)
+
+
+def _prepare(args: argparse.Namespace, run, errors: tuple[type[Exception], ...]) -> int:
+    """``run(max_pixels)`` -> report, with the pixel limit resolved, ``errors`` printed as one
+    line (exit status 2) and the report finished as :func:`_finish` does."""
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
+    try:
+        report = run(max_pixels)
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _finish(report, args.strict)
+
+
+def _run_prepare_xbd(args: argparse.Namespace) -> int:
+    from data_prep.engine import EngineError
+    from data_prep.xbd import XbdRootError, prepare_xbd
+    from data_prep.xbd_resume import ResumeError
+
+    return _prepare(
+        args,
+        lambda max_pixels: prepare_xbd(
+            args.root,
+            args.out,
+            spec=_spec(args),
+            workers=args.workers,
+            include_unclassified=args.include_unclassified,
+            max_pixels=max_pixels,
+            scheduler=args.scheduler,
+            resume=args.resume,
+        ),
+        (XbdRootError, EngineError, ResumeError),
+    )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
+    """``--workers`` and ``--scheduler`` (:mod:`data_prep.engine`); ``jobs`` names the unit."""
+    from data_prep.engine import SCHEDULER_ENV
+
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"worker processes of the embedded Dask cluster, one job per {jobs} (default: one "
+        "per CPU core; 1 runs in this process)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help=f"run on an existing Dask cluster, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV} "
+        "when set, else the embedded cluster); its workers must see the same paths",
+    )
+
+
+def _run_prepare_scene(args: argparse.Namespace) -> int:
+    from data_prep.engine import EngineError
+    from data_prep.scene_store import prepare_scene
+
+    return _prepare(
+        args,
+        lambda max_pixels: prepare_scene(
+            args.pre,
+            args.post,
+            args.buildings,
+            args.out,
+            spec=_spec(args),
+            label_field=args.label_field,
+            event=args.event,
+            max_pixels=max_pixels,
+            align=args.align,
+            workers=args.workers,
+            scheduler=args.scheduler,
+        ),
+        (EngineError,),
+    )
+
+
+def _run_split(args: argparse.Namespace) -> int:
+    from data_prep.split import make_splits
+
+    try:
+        path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _run_bench_prepare(args: argparse.Namespace) -> int:
+    from bench.prepare import bench_prepare
+    from data_prep.xbd import XbdRootError
+
+    try:
+        bench_prepare(
+            args.root,
+            spec=_spec(args),
+            workers=args.workers,
+            limit=args.limit,
+            as_json=args.json,
+            repeat=args.repeat,
+        )
+    except XbdRootError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `prepare` and `split` to the top-level subcommands."""
+    prepare = sub.add_parser(
+        "prepare",
+        help="cut per-building pre/post chip pairs into a chip store",
+        description="Cut per-building pre/post chip pairs from xBD tiles or georeferenced scenes into a chip store (manifest.csv + shards).",
+    )
+    psub = prepare.add_subparsers(dest="source", metavar="SOURCE", required=True)
+
+    xbd = psub.add_parser(
+        "xbd",
+        help="from xBD tiles with label JSON",
+        description="Cut chips from xBD as distributed: ROOT/images/*_{pre,post}_disaster.{png,tif} with ROOT/labels/*.json, or the split layout ROOT/{train,tier3,test,hold}/...",
+    )
+    xbd.add_argument(
+        "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
+    )
+    xbd.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
+    _spec_arguments(xbd)
+    add_engine_arguments(xbd, "tile")
+    xbd.add_argument(
+        "--include-unclassified",
+        action="store_true",
+        help="keep un-classified buildings as unlabelled chips",
+    )
+    xbd.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run into the same --out: tiles it finished (shards and "
+        "shards/<tile>.rows.json present, inputs unchanged) are not cut again; refused when the "
+        "store was prepared with other options",
+    )
+    max_pixels_argument(xbd)
+    xbd.set_defaults(func=_run_prepare_xbd)
+
+    scene = psub.add_parser(
+        "scene",
+        help="from georeferenced GeoTIFFs with footprints",
+        description="Cut chips from georeferenced pre/post GeoTIFF tiles (any CRS and resolution; mosaicked virtually, post warped onto the pre grid) and building footprints (GeoJSON, GeoPackage or Shapefile in any CRS).",
+    )
+    scene.add_argument(
+        "--pre", nargs="+", required=True, metavar="PATH", help="pre-disaster GeoTIFF tile(s)"
+    )
+    scene.add_argument(
+        "--post", nargs="+", required=True, metavar="PATH", help="post-disaster GeoTIFF tile(s)"
+    )
+    scene.add_argument(
+        "--buildings",
+        required=True,
+        metavar="FILE",
+        help="building footprints (GeoJSON, GeoPackage or Shapefile)",
+    )
+    scene.add_argument(
+        "--label-field",
+        metavar="NAME",
+        help="footprint attribute holding the damage label (class name or 0-3)",
+    )
+    scene.add_argument(
+        "--event",
+        metavar="NAME",
+        help="event name for the manifest (default: the footprint file's name)",
+    )
+    scene.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
+    _spec_arguments(scene)
+    add_engine_arguments(scene, "part of the scene")
+    max_pixels_argument(scene)
+    align_argument(scene)
+    scene.set_defaults(func=_run_prepare_scene)
+
+    split = sub.add_parser(
+        "split",
+        help="assign tiles of a chip store to cross-validation folds",
+        description="Write CHIPS/splits.csv: k folds grouped by tile (stratified by class as far as the groups allow) or leave-one-event-out. No tile is in two folds.",
+    )
+    split.add_argument("chips", metavar="CHIPS", help="chip store folder")
+    split.add_argument(
+        "--folds",
+        type=int,
+        default=5,
+        metavar="K",
+        help="number of folds for --by tile (default 5)",
+    )
+    split.add_argument(
+        "--by",
+        choices=("tile", "event"),
+        default="tile",
+        help="group by tile (k-fold) or by event (leave-one-event-out)",
+    )
+    split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    split.set_defaults(func=_run_split)
+
+
+def register_bench(bench_sub: argparse._SubParsersAction) -> None:
+    """Add `bench prepare`."""
+    bp = bench_sub.add_parser(
+        "prepare",
+        help="chip extraction rate against the decode-only rate",
+        description="Print buildings per second for `prepare xbd` on ROOT next to the rate of decoding every pre/post image once (measured in the same run), and their ratio.",
+    )
+    bp.add_argument(
+        "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
+    )
+    _spec_arguments(bp)
+    bp.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        metavar="N",
+        help="worker counts to measure (default 1 2)",
+    )
+    bp.add_argument("--limit", type=int, metavar="TILES", help="use only the first TILES tiles")
+    bp.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        metavar="N",
+        help="runs of each measurement, alternating; the fastest counts (default 3)",
+    )
+    bp.add_argument("--json", action="store_true", help="print the figures as JSON")
+    bp.set_defaults(func=_run_bench_prepare)

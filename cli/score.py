@@ -1,0 +1,461 @@
+"""Command-line parsers for `score`, `score-batch`, `app` and `demo` (no heavy imports at module level)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from contextlib import contextmanager
+
+from cli.prepare import align_argument, max_pixels_argument, resolve_max_pixels
+
+#: Default chips per inference batch.
+BATCH_SIZE = 32
+#: Default side, in grid pixels, of the blocks whose buildings share one read.
+BLOCK_SIZE = 1024
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    from runtime.predictor import TTA_VIEWS
+
+    parser.add_argument(
+        "--model",
+        metavar="ONNX",
+        help="model file from `local-damage export` (default: the bundled models/default.onnx)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=BATCH_SIZE,
+        metavar="N",
+        help=f"chips per inference batch (default {BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive,
+        default=BLOCK_SIZE,
+        metavar="PX",
+        help="side in pre-grid pixels of the blocks whose buildings share one windowed read; "
+        f"memory grows with its square, not with the scene (default {BLOCK_SIZE})",
+    )
+    parser.add_argument(
+        "--tta",
+        choices=tuple(TTA_VIEWS),
+        default="none",
+        help="test-time augmentation: grade each building in 4 flips or all 8 turns and mirrors "
+        "of its chips and average (4x / 8x the model's time; docs/scoring.md; default none)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    max_pixels_argument(parser)
+    align_argument(parser)
+
+
+def _load_model(path: str | None, tta: str = "none"):
+    """The predictor (the default model when ``path`` is None), or None after printing why not."""
+    from runtime.predictor import ModelError, Predictor, default_model
+
+    try:
+        return Predictor(path if path is not None else default_model(), tta=tta)
+    except ModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    from app.scoring.outputs import OutputError
+    from data_prep.imagery import ImageError
+    from data_prep.mosaic import SceneError
+
+    return SceneError, ImageError, OutputError
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    from app.scoring.scene import check_outputs, score_scene
+    from app.scoring.xbd import score_xbd
+
+    errors = _input_errors()
+    try:
+        check_outputs(args.out, args.raster, args.overlay)
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.labels and (len(args.pre) != 1 or len(args.post) != 1):
+        print(
+            "error: --labels (xBD mode) takes exactly one --pre and one --post image; "
+            "use --buildings for mosaics of georeferenced tiles",
+            file=sys.stderr,
+        )
+        return 2
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
+    predictor = _load_model(args.model, args.tta)
+    if predictor is None:
+        return 2
+    from app.scoring.detect import cli_localizer, pixel_pair
+
+    localizer = None
+    if not args.labels and not args.buildings:  # no footprints: detect the buildings
+        localizer = cli_localizer(args.localizer)
+        if localizer is None:
+            return 2
+    common = {
+        "localizer": localizer,
+        "raster": args.raster,
+        "overlay": args.overlay,
+        "batch_size": args.batch_size,
+        "progress": not args.quiet,
+        "max_pixels": max_pixels,
+    }
+    try:
+        if args.labels or (localizer is not None and pixel_pair(args.pre, args.post)):
+            report = score_xbd(
+                predictor,
+                args.pre[0],
+                args.post[0],
+                args.labels,
+                args.out,
+                align=args.align,
+                **common,
+            )
+        else:
+            report = score_scene(
+                predictor,
+                args.pre,
+                args.post,
+                args.buildings,
+                args.out,
+                block_size=args.block_size,
+                align=args.align,
+                **common,
+            )
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary(), file=sys.stderr)
+    return 0 if report.scored else 1
+
+
+@contextmanager
+def _interrupt_on_sigterm():
+    """Turn SIGTERM into KeyboardInterrupt, so temporary files are removed on the way out."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_score_batch(args: argparse.Namespace) -> int:
+    from app.scoring.batch import parse_shard, read_scene_list, score_batch, summary_path
+
+    errors = _input_errors()
+    shard = None
+    if args.shard:
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    try:
+        scenes, problems = read_scene_list(args.scenes)
+    except errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not scenes and not problems:
+        print(f"error: {args.scenes}: lists no scenes", file=sys.stderr)
+        return 2
+    max_pixels = resolve_max_pixels(args)
+    if max_pixels is None:
+        return 2
+    predictor = _load_model(args.model, args.tta)
+    if predictor is None:
+        return 2
+    from app.scoring.detect import cli_batch_localizer
+
+    ok, localizer = cli_batch_localizer(args.localizer, scenes)
+    if not ok:
+        return 2
+    from data_prep.engine import EngineError
+
+    try:
+        with _interrupt_on_sigterm():
+            report = score_batch(
+                predictor,
+                scenes,
+                args.out,
+                fmt=args.format,
+                raster=args.raster,
+                overlay=args.overlay,
+                resume=args.resume,
+                shard=shard,
+                problems=problems,
+                batch_size=args.batch_size,
+                block_size=args.block_size,
+                progress=not args.quiet,
+                max_pixels=max_pixels,
+                align=args.align,
+                localizer=localizer,
+                workers=args.workers,
+                scheduler=args.scheduler,
+            )
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary(), file=sys.stderr)
+    print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
+    return report.exit_code()
+
+
+def _run_app(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from runtime.predictor import ModelError, default_model, default_models_dir
+
+    models_dir = args.models if args.models is not None else str(default_models_dir())
+    if args.model is None:
+        try:
+            args.model = str(default_model(models_dir))
+        except ModelError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.model is not None and _load_model(args.model) is None:
+        return 2
+    auth = None
+    if args.username or args.password_env:
+        password = os.environ.get(args.password_env or "", "")
+        if not args.username or not password:
+            print(
+                "error: --username needs a password in the environment variable named by "
+                "--password-env (and that variable set)",
+                file=sys.stderr,
+            )
+            return 2
+        auth = (args.username, password)
+    from app.web.app import launch
+
+    print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
+    launch(
+        models_dir,
+        args.model,
+        host=args.host,
+        port=args.port,
+        auth=auth,
+        work_dir=args.work,
+        max_pixels=args.max_pixels,
+    )
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from app.scoring.demo import SYNTHETIC_NOTE, run_demo
+
+    predictor = _load_model(args.model)
+    if predictor is None:
+        return 2
+    print(f"model: {predictor.path}", file=sys.stderr)
+    from app.scoring.detect import cli_localizer
+
+    localizer = cli_localizer(args.localizer) if args.detect or args.localizer else None
+    if (args.detect or args.localizer) and localizer is None:
+        return 2
+    try:
+        result = run_demo(predictor, args.out, progress=not args.quiet, localizer=localizer)
+    except _input_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.report.summary(), file=sys.stderr)
+    print(f"example scene: {result.scene}", file=sys.stderr)
+    print(f"the same with `score`: {result.command}", file=sys.stderr)
+    print(SYNTHETIC_NOTE, file=sys.stderr)
+    return 0 if result.report.scored else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add `score`, `score-batch`, `app` and `demo` to the top-level subcommands."""
+    from app.scoring.detect import localizer_argument
+
+    score = sub.add_parser(
+        "score",
+        help="grade every building of a scene with an ONNX model (no PyTorch needed)",
+        description=(
+            "Grade the damage of every building of a scene with an exported ONNX model. Chips are "
+            "cut with the model's own chip spec by the same code as in training. Scene mode: "
+            "georeferenced pre/post GeoTIFF tiles (any CRS and resolution) with a footprint file "
+            "(--buildings). xBD mode: one pixel-aligned pre/post image pair with an xBD label JSON "
+            "(--labels). Without either, a building localiser (--localizer) finds the buildings "
+            "on the pre imagery. Writes one feature per building with damage, damage_id, "
+            "p_<class>, confidence, status (scored, not_covered, skipped: reason) and source "
+            "(given, or detected by the localiser)."
+        ),
+    )
+    score.add_argument(
+        "--pre", nargs="+", required=True, metavar="PATH", help="pre-disaster image(s)"
+    )
+    score.add_argument(
+        "--post", nargs="+", required=True, metavar="PATH", help="post-disaster image(s)"
+    )
+    source = score.add_mutually_exclusive_group()
+    source.add_argument(
+        "--buildings",
+        metavar="FILE",
+        help="building footprints (GeoJSON, GeoPackage or Shapefile, any CRS); without "
+        "--buildings or --labels, the localiser finds the buildings (a single pair of images "
+        "without georeferencing is then scored as in xBD mode)",
+    )
+    source.add_argument(
+        "--labels", metavar="XBD_JSON", help="xBD label JSON whose features.xy are the buildings"
+    )
+    score.add_argument(
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="per-building output: .geojson (RFC 7946, EPSG:4326) or .gpkg (pre-grid CRS)",
+    )
+    score.add_argument(
+        "--raster",
+        metavar="OUT.tif",
+        help="also write a Cloud-Optimised GeoTIFF of class ids on the pre grid (255 = none)",
+    )
+    score.add_argument(
+        "--overlay",
+        metavar="OUT.png",
+        help="also write a PNG of the post image with footprints in class colours",
+    )
+    _common(score)
+    localizer_argument(score)
+    score.set_defaults(func=_run_score)
+
+    batch = sub.add_parser(
+        "score-batch",
+        help="score many scenes, one model load per worker, on Dask; resumable",
+        description=(
+            "Score every scene of a CSV (columns pre, post, buildings, optional name; several "
+            "files separated by ';'; relative paths from the CSV's folder) or of a folder of "
+            "scene folders (each with pre/*.tif, post/*.tif and one footprint file). A scene "
+            "without footprints (empty buildings, no footprint file) is scored with the "
+            "buildings the localiser (--localizer) finds. Writes "
+            "OUT/<scene>.geojson (or .gpkg, plus .tif/.png when asked) and OUT/summary.json. A "
+            "bad scene is reported and the rest go on; the exit status is non-zero only when "
+            "no scene succeeded. Scenes are Dask jobs: on an embedded local cluster (--workers) "
+            "or an existing one (--scheduler); see docs/cluster.md."
+        ),
+    )
+    batch.add_argument(
+        "--scenes", required=True, metavar="CSV|DIR", help="scene list CSV or folder of scenes"
+    )
+    batch.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    batch.add_argument(
+        "--format",
+        choices=("geojson", "gpkg"),
+        default="geojson",
+        help="per-building output format (default geojson)",
+    )
+    batch.add_argument("--raster", action="store_true", help="also write OUT/<scene>.tif")
+    batch.add_argument("--overlay", action="store_true", help="also write OUT/<scene>.png")
+    batch.add_argument(
+        "--resume", action="store_true", help="skip scenes whose outputs already exist"
+    )
+    batch.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="score only shard I of N (1 <= I <= N; scenes assigned by a stable hash of their "
+        "name, the same on every machine); the summary is OUT/summary-I-of-N.json. For "
+        "machines that share no Dask cluster; with one, use --scheduler instead",
+    )
+    from cli.prepare import add_engine_arguments
+
+    add_engine_arguments(batch, "scene")
+    _common(batch)
+    localizer_argument(batch)
+    batch.set_defaults(func=_run_score_batch)
+
+    web = sub.add_parser(
+        "app",
+        help="the web app for analysts (Gradio; ONNX Runtime, no PyTorch)",
+        description=(
+            "Serve the analysts' web app: tile mode (pre/post tile + footprints -> overlay, "
+            "per-building table, GeoJSON/CSV, chips, corrections, Adapt to the corrections of "
+            "the tile's event and Suggest what to correct next) and chip mode (one chip pair -> "
+            "class probabilities and a heatmap of where the model saw change). The same "
+            "functions are HTTP API endpoints `assess_tile` and `assess_chip` (gradio_client); "
+            "see docs/app.md. Binds to 127.0.0.1 unless --host says otherwise; never makes a "
+            "public share link."
+        ),
+    )
+    web.add_argument(
+        "--model",
+        metavar="ONNX",
+        help="model offered first (default: default.onnx of --models, else its first model)",
+    )
+    web.add_argument(
+        "--models",
+        metavar="DIR",
+        help="folder whose *.onnx files the model picker offers (default: ./models when it has "
+        "any, else the bundled models/)",
+    )
+    web.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
+    )
+    web.add_argument("--port", type=_positive, default=7860, help="TCP port (default 7860)")
+    web.add_argument("--username", help="require this username (with --password-env)")
+    web.add_argument(
+        "--password-env",
+        metavar="VAR",
+        help="environment variable holding the password (kept off the command line)",
+    )
+    web.add_argument(
+        "--work",
+        metavar="DIR",
+        help="folder for each assessment's outputs and corrections (DIR/sessions) and the models "
+        "adapted in the app (DIR/models, offered in the picker; default: a temporary folder)",
+    )
+    max_pixels_argument(
+        web, default=12_000 * 12_000
+    )  # app.web.app.MAX_PIXELS, without importing it
+    web.set_defaults(func=_run_app)
+
+    demo = sub.add_parser(
+        "demo",
+        help="score an example scene end to end (GeoJSON, raster, overlay) without a browser",
+        description=(
+            "Write a small synthetic georeferenced example scene (pre tiles in UTM, post tiles in "
+            "EPSG:4326, 40 footprints) and score it with the default model exactly as "
+            "`local-damage score` would: OUT/buildings.geojson, OUT/damage.tif (COG) and "
+            "OUT/overlay.png. Prints the equivalent `score` command for your own GeoTIFFs."
+        ),
+    )
+    demo.add_argument(
+        "--model",
+        metavar="ONNX",
+        help="model file (default: the bundled models/default.onnx)",
+    )
+    demo.add_argument(
+        "--out", default="work/demo", metavar="DIR", help="output folder (default work/demo)"
+    )
+    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--detect",
+        action="store_true",
+        help="leave the footprints aside: the localiser finds the buildings, which are graded",
+    )
+    localizer_argument(demo)
+    demo.set_defaults(func=_run_demo)

@@ -1,0 +1,1 @@
+"""Evaluation of trained models on labelled chips: scorers, metrics files and calibration."""

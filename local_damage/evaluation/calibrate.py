@@ -1,0 +1,372 @@
+"""`local-damage calibrate`: fit a temperature to an ONNX model on labelled chips and store it.
+
+The model is run through :class:`local_damage.evaluation.scorers.OnnxScorer` (the ONNX Runtime predictor
+that serving uses) on the labelled chips of a chip store, or of one fold of its splits; the
+temperature ``T`` that minimises the negative log-likelihood of their labels
+(:func:`runtime.calibration.fit_temperature`) is written into a copy of the model as the
+``calibration`` metadata prop, with where it was fitted and the ECE / NLL / Brier score of those
+chips before and after. The graph is not changed: the predictor applies ``T`` to the
+probabilities. No torch is imported, so a scoring machine can calibrate.
+
+``T`` must be fitted on chips the model did not train on (its validation fold): on training
+chips a network is more confident and more often right than on new ones, so the fitted ``T``
+comes out too small and the model stays over-confident.
+
+The same command stores what the ``ood`` abstain flag needs (:mod:`runtime.flags`), as the ``ood``
+metadata prop: the class prototypes (the normalised mean embedding of each class over the
+labelled chips of the training folds, ``--prototype-folds``, by default every fold but the
+calibration fold) and the threshold (the ``--ood-quantile`` quantile, 1% by default, of the
+calibration fold's largest cosine similarity to a prototype). ``--no-ood`` leaves it out.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from local_damage.evaluation.scorers import Scored
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
+def fold_note(metadata: dict[str, Any], fold: int | None) -> str | None:
+    """A warning when the chips may include the model's training chips, else None."""
+    validation = metadata.get("validation_metrics")
+    val_fold = validation.get("fold") if isinstance(validation, dict) else None
+    if fold is not None and val_fold is not None and int(val_fold) == int(fold):
+        return None
+    where = f"fold {fold}" if fold is not None else "every labelled chip of the store"
+    if val_fold is None:
+        return (
+            f"note: the model's metadata names no validation fold; if it was trained on {where}, "
+            "the fitted temperature is too small (the model stays over-confident)"
+        )
+    return (
+        f"note: the model was validated on fold {val_fold}, and {where} may hold its training "
+        f"chips; fit on its validation fold (--fold {val_fold}) for an honest temperature"
+    )
+
+
+#: Default fraction of in-distribution calibration chips the ``ood`` threshold flags.
+OOD_QUANTILE = 0.01
+
+
+def store_folds(chips: str | Path) -> list[int]:
+    """The folds of ``chips/splits.csv``, sorted.
+
+    Raises:
+        FileNotFoundError: the store has no splits.csv.
+    """
+    import pandas as pd
+
+    path = Path(chips) / "splits.csv"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no splits, so prototype folds have no meaning; run `local-damage split "
+            f"{chips}` first"
+        )
+    return sorted(int(f) for f in pd.read_csv(path, usecols=["fold"])["fold"].unique())
+
+
+def _prototype_chips(
+    chips: Path, fold: int | None, prototype_folds: list[int] | None
+) -> tuple[list[str], list[int] | None, str]:
+    """``(chip ids, folds, description)`` of the chips prototypes come from (see :func:`fit_ood`)."""
+    from local_damage.evaluation.evaluate import select_chips
+
+    if prototype_folds is None and fold is not None:
+        prototype_folds = [f for f in store_folds(chips) if f != fold]
+    if prototype_folds is None:
+        return select_chips(chips, None)[0], None, f"all labelled chips of {chips}"
+    known = store_folds(chips)
+    bad = [f for f in prototype_folds if f not in known]
+    if bad or not prototype_folds:
+        raise ValueError(
+            f"{chips / 'splits.csv'}: prototype fold(s) {bad or prototype_folds} not usable; "
+            f"the folds are {known}"
+        )
+    if fold is not None and fold in prototype_folds:
+        raise ValueError(
+            f"--prototype-folds {prototype_folds} include the calibration fold {fold}; the "
+            "threshold must be chosen on chips the prototypes were not made from"
+        )
+    ids: list[str] = []
+    for f in prototype_folds:
+        ids += select_chips(chips, f)[0]
+    return (
+        ids,
+        prototype_folds,
+        f"folds {', '.join(map(str, prototype_folds))} of {chips / 'splits.csv'}",
+    )
+
+
+def fit_ood(
+    scorer,
+    chips: str | Path,
+    threshold_scored: Scored,
+    fold: int | None,
+    prototype_folds: list[int] | None = None,
+    quantile: float = OOD_QUANTILE,
+    batch_size: int = 64,
+    progress: bool = False,
+    prototype_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Class prototypes and the ``ood`` threshold of a model (the ``ood`` metadata prop).
+
+    Args:
+        scorer: the model (:class:`local_damage.evaluation.scorers.OnnxScorer`).
+        chips: the chip store.
+        threshold_scored: the model's outputs on the calibration chips (fold ``fold``); the
+            threshold is the ``quantile`` of their largest cosine to a prototype.
+        fold: the calibration fold (None: every labelled chip).
+        prototype_folds: folds whose labelled chips give the prototypes; None: every fold of
+            splits.csv except ``fold`` (every labelled chip when ``fold`` is None).
+        quantile: the fraction of calibration chips the threshold is meant to flag.
+        batch_size: chip pairs per ONNX Runtime call.
+        progress: show a progress bar.
+        prototype_ids: the chips whose labels give the prototypes, instead of folds (e.g. a
+            validation slice); ``prototype_folds`` must then be None.
+
+    Returns:
+        The block of :func:`runtime.flags.ood_block`.
+
+    Raises:
+        ValueError: a prototype fold that is not in splits.csv, or that is the calibration fold.
+    """
+    import numpy as np
+
+    from runtime.flags import class_prototypes, ood_block, ood_scores, ood_threshold
+
+    chips = Path(chips)
+    if prototype_ids is not None:
+        if prototype_folds is not None:
+            raise ValueError("give prototype folds or prototype chips, not both")
+        ids, selection = list(prototype_ids), f"{len(prototype_ids)} given chips of {chips}"
+    else:
+        ids, prototype_folds, selection = _prototype_chips(chips, fold, prototype_folds)
+    scored = scorer.score(chips, ids, views=1, batch_size=batch_size, progress=progress)
+    names = list(scorer.class_names)
+    protos, classes = class_prototypes(scored.z, scored.labels, len(names))
+    scores = ood_scores(threshold_scored.z, protos)
+    threshold = ood_threshold(scores, quantile)
+    return ood_block(
+        protos,
+        threshold,
+        [names[c] for c in classes],
+        quantile,
+        prototypes_from={
+            "chips": str(chips),
+            "folds": prototype_folds,
+            "selection": selection,
+            "n": {names[c]: int((scored.labels == c).sum()) for c in classes},
+        },
+        threshold_from={
+            "chips": str(chips),
+            "fold": fold,
+            "n": len(scores),
+            "flagged": round(float(np.mean(scores < threshold)), 6),
+        },
+    )
+
+
+def calibrate_model(
+    model: str | Path,
+    chips: str | Path,
+    out: str | Path,
+    fold: int | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+    ood: bool = True,
+    prototype_folds: list[int] | None = None,
+    ood_quantile: float = OOD_QUANTILE,
+    chip_ids: Sequence[str] | None = None,
+    selection: str = "given chips",
+    prototype_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Fit a temperature to ``model`` on labelled chips and write the calibrated model to ``out``;
+    also store the class prototypes and ``ood`` threshold (:func:`fit_ood`) unless ``ood`` is
+    False.
+
+    Args:
+        model: an ONNX model written by ``local-damage export``.
+        chips: a chip store cut with the model's chip spec.
+        out: the ``.onnx`` file to write, under a temporary name first, then renamed (may be
+            ``model`` itself, to calibrate in place).
+        fold: fit on the chips of this fold of ``chips/splits.csv``; None: every labelled chip.
+        batch_size: chip pairs per ONNX Runtime call.
+        progress: show a progress bar.
+        ood: also store the ``ood`` block; False leaves a model's existing one as it is.
+        prototype_folds: folds the prototypes come from (see :func:`fit_ood`).
+        ood_quantile: fraction of the calibration chips the ``ood`` threshold flags.
+        chip_ids: fit on these labelled chips instead of a fold (``fold`` must then be None);
+            ``selection`` says what they are in the stored block.
+        selection: a short description of ``chip_ids``.
+        prototype_ids: the chips the prototypes come from, instead of ``prototype_folds``.
+
+    Returns:
+        ``{"calibration": block, "ood": block or None}``: the ``calibration`` block stored in
+        the model (see :func:`runtime.calibration.calibration_block`): ``temperature``,
+        ``fitted_on`` (chips, fold, selection, n), ``before`` and ``after`` (ECE, NLL, Brier
+        score, accuracy on those chips), and the ``ood`` block (:func:`runtime.flags.ood_block`).
+
+    Raises:
+        FileNotFoundError: no model file, no manifest in ``chips``, or ``fold`` given and no
+            splits.csv.
+        ValueError: ``out`` does not end in .onnx, ``fold`` is not a fold of splits.csv, the
+            selection holds no labelled chip, the model is not a local-damage model, or no
+            temperature fits (:class:`runtime.calibration.CalibrationError`).
+    """
+    import onnx
+
+    from local_damage.evaluation.evaluate import select_chips, warn_spec_mismatch
+    from local_damage.evaluation.scorers import OnnxScorer
+    from local_damage.export.model import save_onnx, set_metadata
+    from local_damage.metrics import calibration_metrics
+    from runtime import flags
+    from runtime.calibration import METADATA_KEY, calibration_block, fit_temperature
+    from runtime.predictor import Predictor, softmax
+
+    model, chips, out = Path(model), Path(chips), Path(out)
+    if out.suffix != ".onnx":
+        raise ValueError(f"{out}: the model file name must end in .onnx")
+    if not 0 < ood_quantile < 1:
+        raise ValueError(f"the ood quantile must lie in (0, 1), got {ood_quantile}")
+    if prototype_ids is not None and prototype_folds is not None:
+        raise ValueError("give prototype folds or prototype chips, not both")
+    scorer = OnnxScorer(model)
+    note = None
+    if chip_ids is None:
+        chip_ids, description, unlabelled = select_chips(chips, fold)
+        note = fold_note(scorer.predictor.metadata, fold)
+    elif fold is not None:
+        raise ValueError("give a calibration fold or calibration chips, not both")
+    else:  # chips the caller chose (e.g. a validation slice); it answers for them
+        chip_ids, description, unlabelled = list(chip_ids), selection, 0
+    warn_spec_mismatch(scorer, chips)
+    if note:
+        print(note, file=sys.stderr)
+    scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
+    try:
+        temperature = fit_temperature(scored.logits, scored.labels)
+    except ValueError as exc:
+        raise type(exc)(f"{chips} ({description}): {exc}") from exc
+    labels = scored.labels
+    block = calibration_block(
+        temperature,
+        fitted_on={
+            "chips": str(chips),
+            "fold": fold,
+            "selection": description,
+            "n": len(labels),
+            "unlabelled_left_out": unlabelled,
+        },
+        before=_rounded(calibration_metrics(softmax(scored.logits), labels)),
+        after=_rounded(calibration_metrics(softmax(scored.logits / temperature), labels)),
+    )
+    props: dict[str, Any] = {METADATA_KEY: block}
+    ood_block = None
+    if ood:
+        ood_block = fit_ood(
+            scorer,
+            chips,
+            scored,
+            fold,
+            prototype_folds,
+            ood_quantile,
+            batch_size,
+            progress,
+            prototype_ids=prototype_ids,
+        )
+        props[flags.METADATA_KEY] = ood_block
+    proto = onnx.load(str(model))
+    set_metadata(proto, props)
+    save_onnx(proto, out)
+    written = Predictor(out).temperature
+    if written is None or abs(written - temperature) > 1e-9 * temperature:
+        raise ValueError(
+            f"{out}: the written model carries temperature {written}, not {temperature}"
+        )
+    return {"calibration": block, "ood": ood_block}
+
+
+def calibration_report(
+    scored: Scored, temperature: float | None
+) -> tuple[dict[str, Any], dict[str, dict]]:
+    """Calibration figures of scored chips, and the reliability tables to plot.
+
+    Returns:
+        ``(block, curves)``: ``block`` is ``{"temperature", "bins", "before", "after"}`` with
+        ``before`` the :func:`~local_damage.metrics.calibration_metrics` (ECE, NLL, Brier,
+        accuracy) of the softmax of the raw logits and ``after`` those of the calibrated
+        probabilities (None without a temperature), each with ``ece_floor``: the ECE chance
+        alone gives that many predictions at those confidences
+        (:func:`~local_damage.metrics.ece_sampling_floor`); ``curves`` maps a legend label with the ECE
+        to the :func:`~local_damage.metrics.reliability_bins` of each.
+    """
+    from local_damage.metrics import (
+        ECE_BINS,
+        calibration_metrics,
+        ece_sampling_floor,
+        reliability_bins,
+    )
+    from runtime.predictor import softmax
+
+    raw = softmax(scored.logits)
+    before = calibration_metrics(raw, scored.labels)
+    before["ece_floor"] = ece_sampling_floor(raw)
+    after = None
+    if temperature:
+        after = calibration_metrics(scored.probabilities, scored.labels)
+        after["ece_floor"] = ece_sampling_floor(scored.probabilities)
+    curves = {
+        f"{'before calibration' if temperature else 'uncalibrated'} (ECE {before['ece']:.3f})": (
+            reliability_bins(raw, scored.labels)
+        )
+    }
+    if after is not None:
+        label = f"after, T = {temperature:.3f} (ECE {after['ece']:.3f})"
+        curves[label] = reliability_bins(scored.probabilities, scored.labels)
+    block = {"temperature": temperature, "bins": ECE_BINS, "before": before, "after": after}
+    return block, curves
+
+
+def format_ood(block: dict[str, Any] | None) -> str:
+    """The ``ood`` block in one line, for the terminal."""
+    if not block:
+        return "no ood prototypes stored (the model never flags ood)"
+    src, thr = block["prototypes_from"], block["threshold_from"]
+    n = ", ".join(f"{k} {v}" for k, v in src["n"].items())
+    return (
+        f"ood: {len(block['prototypes'])} class prototypes from {src['selection']} ({n}); "
+        f"threshold cos {block['threshold']:.4f} = the {block['quantile']:g} quantile of "
+        f"{thr['n']} calibration chips (flags {thr['flagged']:.2%} of them)"
+    )
+
+
+def format_block(block: dict[str, Any]) -> str:
+    """One line per fact of a calibration block, for the terminal."""
+    fitted = block["fitted_on"]
+    lines = [
+        f"temperature T = {block['temperature']:.4f} fitted on {fitted['n']} buildings "
+        f"({fitted['selection']})"
+    ]
+    before, after = block.get("before"), block.get("after")
+    if before and after:
+        lines.append(
+            "on those chips: "
+            + ", ".join(
+                f"{name} {before[key]:.4f} -> {after[key]:.4f}"
+                for key, name in (("ece", "ECE"), ("nll", "NLL"), ("brier", "Brier"))
+            )
+            + f" (accuracy {after['accuracy']:.4f}, unchanged)"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# command line

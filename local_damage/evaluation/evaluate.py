@@ -1,0 +1,394 @@
+"""`local-damage evaluate`: score a trained model on labelled chips and write its metrics.
+
+A model is either a run folder (rebuilt and run with PyTorch) or an exported ONNX model (run
+through :class:`runtime.predictor.Predictor`, the serving path). Both are wrapped as a
+:class:`local_damage.evaluation.scorers.Scorer`, whose ``score`` turns a list of chips into a ``Scored``
+bundle (labels, logits, probabilities, ``z``, and ``e_post`` where the backend exposes it), so
+everything after that (metrics, representation geometry, figures, files) is shared.
+
+Outputs in ``OUT/``::
+
+    metrics.json          classification metrics, ``calibration`` and ``representation`` blocks
+                          and the ``source``
+    predictions.csv       chip_id, label, pred, one probability column per class
+    confusion_matrix.png
+    reliability.png       reliability diagram: accuracy per confidence bin, before and after
+                          calibration when the model has a temperature
+    tsne_z.png            t-SNE of the joint embedding z (unless --no-tsne)
+    tsne_e_post.png       t-SNE of the post-image embedding e_post (PyTorch path only)
+
+The calibration block holds the ECE (15 bins), NLL and Brier score of the softmax of the raw
+logits (``before``) and, for an ONNX model calibrated by ``local-damage calibrate``, of the
+probabilities with its temperature applied (``after``; :mod:`local_damage.metrics.calibration`).
+
+The representation block follows Sec. 3.1 of the paper: CAC, CAD, GPU and the class-mean Gram
+matrix on ``z`` of the unaugmented chips; SAA and SAD between that view and a second view made
+with the training augmentation (seeded), when ``views == 2``. Chips whose ``z`` is the zero
+vector (identical pre and post projections, which the fixed-difference correlation maps to 0)
+have no direction: they are left out of the representation metrics and t-SNE plots, and counted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from local_damage.evaluation.scorers import (
+    EvaluationError,
+    Scored,
+    Scorer,
+    _spec_from,
+)
+
+METRICS_JSON = "metrics.json"
+PREDICTIONS_CSV = "predictions.csv"
+RELIABILITY_PNG = "reliability.png"
+
+
+# --------------------------------------------------------------------------------------------
+# which chips
+
+
+def select_chips(chips: str | Path, fold: int | None = None) -> tuple[list[str], str, int]:
+    """The labelled chips to evaluate, in manifest order.
+
+    Args:
+        chips: chip store folder.
+        fold: evaluate the chips of this fold of ``splits.csv``; None: every labelled chip.
+
+    Returns:
+        ``(chip_ids, description, unlabelled)``: the ids, a short description of the selection
+        and the number of unlabelled chips left out.
+
+    Raises:
+        FileNotFoundError: no manifest, or ``fold`` given and the store has no splits.csv.
+        EvaluationError: the selection holds no labelled chip.
+    """
+    from data_prep.store import read_manifest
+
+    chips = Path(chips)
+    frame = read_manifest(chips)
+    if fold is not None:
+        from data_prep.split import fold_indices
+
+        if not (chips / "splits.csv").is_file():
+            raise FileNotFoundError(
+                f"{chips / 'splits.csv'}: no splits, so --fold {fold} has no meaning; run "
+                f"`local-damage split {chips}` first, or leave out --fold to use every chip"
+            )
+        wanted = set(fold_indices(chips, fold)[1])
+        frame = frame[frame["chip_id"].isin(wanted)]
+        description = f"fold {fold} of {chips / 'splits.csv'}"
+    else:
+        description = f"all labelled chips of {chips} (no --fold given)"
+    labelled = frame[frame["label"] >= 0]
+    if labelled.empty:
+        raise EvaluationError(
+            f"{chips}: no labelled chips in {description}"
+            + (f" ({len(frame)} unlabelled)" if len(frame) else "")
+        )
+    return labelled["chip_id"].tolist(), description, int(len(frame) - len(labelled))
+
+
+# --------------------------------------------------------------------------------------------
+# the evaluation
+
+
+def evaluate(
+    scorer: Scorer,
+    chips: str | Path,
+    chip_ids: Sequence[str],
+    out: str | Path,
+    views: int = 2,
+    tsne: bool = True,
+    batch_size: int = 64,
+    seed: int = 0,
+    source: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score labelled chips and write metrics.json, predictions.csv and the figures to ``out``.
+
+    Args:
+        scorer: the model (see :func:`load_scorer`).
+        chips: chip store folder.
+        chip_ids: the labelled chips to evaluate (see :func:`select_chips`); outputs list them
+            in manifest order.
+        out: output folder.
+        views: 2 adds SAA and SAD from a second, augmented view of every chip; 1 skips them.
+        tsne: write the t-SNE figures.
+        batch_size: pairs per forward pass.
+        seed: seed of the second view's augmentation and of t-SNE.
+        source: extra entries for the ``source`` block (chips, fold, selection...).
+        progress: show progress bars.
+
+    Returns:
+        The metrics dict also written to ``out/metrics.json``: the keys of
+        :func:`~local_damage.metrics.classification_metrics`, ``calibration`` (see
+        :func:`local_damage.evaluation.calibrate.calibration_report`), ``representation`` (see
+        :func:`~local_damage.metrics.representation_metrics`, plus
+        ``zero_embeddings_left_out``, see :func:`~local_damage.metrics.unit_rows`; None with
+        fewer than 2 usable embeddings), ``source`` and ``views``.
+    """
+    from data_prep.store import write_json
+    from local_damage.evaluation.calibrate import calibration_report
+    from local_damage.metrics import (
+        ECE_BINS,
+        classification_metrics,
+        plot_confusion_matrix,
+        plot_embedding_tsne,
+        plot_reliability_diagram,
+        representation_metrics,
+        unit_rows,
+    )
+
+    if not chip_ids:
+        raise EvaluationError(f"{chips}: no chips to evaluate")
+    out = Path(out)
+    scored = scorer.score(
+        chips, chip_ids, views=views, batch_size=batch_size, seed=seed, progress=progress
+    )
+    names = list(scorer.class_names)
+    if scored.labels.min() < 0:
+        raise EvaluationError(
+            f"{chips}: unlabelled chips cannot be evaluated; select labelled ones"
+        )
+    metrics = classification_metrics(scored.labels, scored.predictions, names)
+    metrics["calibration"], reliability = calibration_report(scored, scorer.temperature)
+    metrics["per_event"] = per_event_metrics(chips, scored, names)
+    z, valid = unit_rows(scored.z)
+    z2 = None
+    if views == 2 and scored.z_view2 is not None:
+        z2, valid2 = unit_rows(scored.z_view2)
+        valid &= valid2
+    representation = None
+    if valid.sum() >= 2:
+        representation = representation_metrics(
+            z[valid], scored.labels[valid], names, z_view2=None if z2 is None else z2[valid]
+        )
+        representation["zero_embeddings_left_out"] = int((~valid).sum())
+    metrics["representation"] = representation
+    metrics["views"] = views
+    metrics["source"] = {**scorer.source, "input_size": scorer.input_size, **(source or {})}
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_predictions(out / PREDICTIONS_CSV, scored, names)
+    write_json(out / METRICS_JSON, metrics)
+    where = ", ".join(f"{k} {v}" for k, v in scorer.source.items())
+    plot_confusion_matrix(
+        metrics["confusion_matrix"],
+        names,
+        out / "confusion_matrix.png",
+        title=f"{len(scored.labels)} buildings, accuracy {metrics['accuracy']:.3f}",
+    )
+    plot_reliability_diagram(
+        reliability,
+        out / RELIABILITY_PNG,
+        title=f"{where}\n{len(scored.labels)} buildings, {ECE_BINS} confidence bins",
+    )
+    if tsne:
+        for key, emb, what in (
+            ("z", scored.z, "z (pre/post joint)"),
+            ("e_post", scored.e_post, "e_post (post image)"),
+        ):
+            if emb is None:
+                continue
+            unit, ok = unit_rows(emb)
+            if ok.sum() < 3:
+                continue
+            title = f"{what}: {where}"
+            if not ok.all():
+                title += f"\n{int((~ok).sum())} zero embedding(s) left out"
+            plot_embedding_tsne(
+                unit[ok], scored.labels[ok], names, out / f"tsne_{key}.png", title, seed
+            )
+    return metrics
+
+
+def per_event_metrics(
+    chips: str | Path, scored: Scored, class_names: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Accuracy, macro-F1 and per-class F1 of each event of the store's manifest among the
+    scored chips (``{event: {"n", "accuracy", "macro_f1", "per_class_f1", "support"}}``; a
+    class absent from an event has F1 None and does not enter its macro-F1)."""
+    import numpy as np
+
+    from data_prep.store import read_manifest
+    from local_damage.metrics import classification_metrics
+
+    manifest = read_manifest(chips).set_index("chip_id")
+    events = manifest.loc[list(scored.chip_ids), "event"].astype(str).to_numpy()
+    out: dict[str, dict[str, Any]] = {}
+    for event in sorted(set(events)):
+        rows = events == event
+        labels, preds = scored.labels[rows], scored.predictions[rows]
+        present = [i for i in range(len(class_names)) if (labels == i).any()]
+        m = classification_metrics(labels, preds, class_names)
+        f1 = {
+            name: (m["per_class"][name]["f1"] if i in present else None)
+            for i, name in enumerate(class_names)
+        }
+        scores = [v for v in f1.values() if v is not None]
+        out[event] = {
+            "n": int(rows.sum()),
+            "accuracy": m["accuracy"],
+            "macro_f1": float(np.mean(scores)) if scores else None,
+            "per_class_f1": f1,
+            "support": {name: int((labels == i).sum()) for i, name in enumerate(class_names)},
+        }
+    return out
+
+
+def write_predictions(path: str | Path, scored: Scored, class_names: Sequence[str]) -> None:
+    """Write ``predictions.csv``: chip_id, label, pred, ``p_<class>`` for every class."""
+    import csv
+
+    from data_prep.store import atomic_path
+
+    preds = scored.predictions
+    with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["chip_id", "label", "pred", *(f"p_{name}" for name in class_names)])
+        for i, chip_id in enumerate(scored.chip_ids):
+            writer.writerow(
+                [chip_id, int(scored.labels[i]), int(preds[i])]
+                + [f"{float(p):.6f}" for p in scored.probabilities[i]]
+            )
+
+
+def format_summary(metrics: dict[str, Any]) -> str:
+    """A short plain-text table of a metrics dict: per-class scores, then the totals."""
+    lines = [f"{'class':<14}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
+    for name, row in metrics["per_class"].items():
+        lines.append(
+            f"{name:<14}{row['precision']:>10.4f}{row['recall']:>10.4f}{row['f1']:>10.4f}"
+            f"{row['support']:>10d}"
+        )
+    lines.append(
+        f"n {metrics['n']}  accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}"
+        f"  xView2 damage F1 {metrics['xview2_damage_f1']:.4f}"
+    )
+    if metrics.get("absent_classes"):
+        lines.append(f"absent (left out of macro-F1): {', '.join(metrics['absent_classes'])}")
+    cal = metrics.get("calibration")
+    if cal:
+        parts = []
+        for key, name in (("ece", "ECE"), ("nll", "NLL"), ("brier", "Brier")):
+            text = f"{name} {cal['before'][key]:.4f}"
+            if cal.get("after"):
+                text += f" -> {cal['after'][key]:.4f}"
+            parts.append(text)
+        head = (
+            f"calibration (T = {cal['temperature']:.4f}, before -> after)"
+            if cal.get("after")
+            else "calibration (no temperature)"
+        )
+        lines.append(f"{head}: {'  '.join(parts)}")
+        floors = [cal[k].get("ece_floor") for k in ("before", "after") if cal.get(k)]
+        if floors and all(floors):
+            lines.append(
+                "ECE a perfectly calibrated model would show on these buildings by chance: "
+                + " -> ".join(f"{f['mean']:.4f} (95% under {f['p95']:.4f})" for f in floors)
+            )
+    rep = metrics.get("representation")
+    if rep:
+        shown = [
+            f"{key.upper()} {rep[key]:.4f}"
+            for key in ("saa", "sad", "cac", "cad", "gpu")
+            if rep.get(key) is not None
+        ]
+        if rep.get("max_offdiag_abs_cos") is not None:
+            shown.append(f"max |cos| class means {rep['max_offdiag_abs_cos']:.4f}")
+        lines.append("representation: " + "  ".join(shown))
+    return "\n".join(lines)
+
+
+def evaluate_xbd(
+    scorer: Scorer,
+    roots: Sequence[str | Path],
+    out: str | Path,
+    progress: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Cut chips from xBD roots with the model's chip spec into a temporary store and evaluate
+    every labelled chip of it (keyword arguments as :func:`evaluate`).
+
+    Raises:
+        EvaluationError: the model's chip spec is unknown (a run without summary.json).
+    """
+    import tempfile
+
+    from data_prep.xbd import prepare_xbd
+
+    if scorer.spec is None:
+        where = next(iter(scorer.source.values()))
+        raise EvaluationError(
+            f"{where}: the model's chip spec is unknown (no chip_spec in summary.json), so xBD "
+            "tiles cannot be cut as in training; prepare a chip store and use --chips"
+        )
+    with tempfile.TemporaryDirectory(prefix="evaluate-chips-") as tmp:
+        report = prepare_xbd(list(roots), tmp, spec=scorer.spec, progress=progress)
+        for item in report.skipped:
+            print(f"skipped {item}", file=sys.stderr)
+        chip_ids, _, unlabelled = select_chips(tmp)
+        source = {
+            "xbd": [str(r) for r in roots],
+            "chip_spec": scorer.spec.to_dict(),
+            "fold": None,
+            "selection": "all labelled chips cut from the xBD roots",
+            "unlabelled_left_out": unlabelled,
+            "skipped": report.to_dict()["skipped"],
+        }
+        return evaluate(scorer, tmp, chip_ids, out, source=source, progress=progress, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def evaluate_chips(
+    scorer: Scorer,
+    chips: str | Path,
+    out: str | Path,
+    fold: int | None = None,
+    progress: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Evaluate the labelled chips of a store (fold ``fold`` of its splits, or all of them).
+
+    Warns on stderr when the store was cut with another chip spec than the model's, and when
+    evaluating every chip of the store the run was trained on. Keyword arguments as
+    :func:`evaluate`.
+    """
+    chips = Path(chips)
+    chip_ids, description, unlabelled = select_chips(chips, fold)
+    warn_spec_mismatch(scorer, chips)
+    summary = getattr(scorer, "summary", {})
+    same_store = summary.get("chips") and Path(summary["chips"]).resolve() == chips.resolve()
+    if fold is None and same_store and summary.get("fold") is not None:
+        print(
+            f"note: the run held out fold {summary['fold']}; evaluating every chip includes its "
+            f"training chips (use --fold {summary['fold']} for its validation fold)",
+            file=sys.stderr,
+        )
+    source = {
+        "chips": str(chips),
+        "fold": fold,
+        "selection": description,
+        "unlabelled_left_out": unlabelled,
+    }
+    return evaluate(scorer, chips, chip_ids, out, source=source, progress=progress, **kwargs)
+
+
+def warn_spec_mismatch(scorer: Scorer, chips: str | Path) -> None:
+    """Warn on stderr when the store was cut with another chip spec than the model's."""
+    from data_prep.store import read_meta
+
+    store_spec = read_meta(chips).get("spec")
+    if scorer.spec is not None and store_spec and _spec_from(store_spec) != scorer.spec:
+        print(
+            f"warning: {chips} was cut with chip spec {store_spec}, the model with "
+            f"{scorer.spec.to_dict()}: scores may not reflect the model",
+            file=sys.stderr,
+        )

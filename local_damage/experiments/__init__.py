@@ -1,0 +1,1 @@
+"""Experiments of the method: cross-validation, class geometry and the loss probe."""

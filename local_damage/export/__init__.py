@@ -1,0 +1,1 @@
+"""Export of a trained run to a self-describing ONNX model."""
