@@ -89,7 +89,7 @@ def bench_alignment(
         residual_shift,
     )
     from data_prep.store import ChipReader, read_meta
-    from data_prep.windows import ChipWindow, crop_boundless, resize_chip
+    from data_prep.windows import ChipWindow, crop_boundless, cut_pair
 
     chips = Path(chips)
     meta = read_meta(chips)
@@ -116,8 +116,9 @@ def bench_alignment(
             raw.append(residual_shift(a, b))
             tile_of.append(len(tiles) - 1)
             w = ChipWindow(int(r["win_col"]), int(r["win_row"]), int(r["win_size"]))
-            fixed_pre.append(resize_chip(crop_boundless(pre_img, w), size))
-            fixed_post.append(resize_chip(crop_boundless(post_fixed, w), size))
+            a, b = cut_pair(pre_img, post_fixed, w, size)
+            fixed_pre.append(a)
+            fixed_post.append(b)
             centre = (w.col_off + w.size / 2, w.row_off + w.size / 2)
             cw = context_window(centre, max(CONTEXT_SIDE, w.size), pre_img.shape[:2])
             pre_window = crop_boundless(pre_img, cw)

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
+
 FEWSHOT_JSON = "fewshot.json"
 FEWSHOT_MD = "fewshot.md"
 FEWSHOT_PNG = "fewshot.png"
@@ -55,7 +57,7 @@ DEFAULT_K = (0, 5, 10, 20, 50)
 DEFAULT_CONFIG = "configs/default.yaml"
 
 
-class FewShotError(ValueError):
+class FewShotError(LocalDamageError, ValueError):
     """Input the report cannot run on; the message names the file and the problem."""
 
 
@@ -210,7 +212,8 @@ def export_base(run: Path, out: Path, chips, val_ids: Sequence[str]) -> Path:
     import onnx
 
     from local_damage.evaluation.calibrate import calibrate_model
-    from local_damage.export.model import export_run, save_onnx
+    from local_damage.export.model import export_run
+    from runtime.contract import save_onnx
 
     with tempfile.TemporaryDirectory(prefix="fewshot-export-", dir=out.parent) as tmp:
         staged = Path(tmp) / "base.onnx"

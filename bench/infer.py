@@ -85,9 +85,10 @@ def _eager(model, device: str) -> Callable[[np.ndarray, np.ndarray, int], np.nda
 
 
 def _onnx(path: Path, threads: int | None, providers: list[str]):
-    from local_damage.export.model import ort_outputs, ort_session
+    from local_damage.export.model import ort_outputs
+    from runtime.contract import CPU_ONLY, open_session
 
-    session = ort_session(path, threads, providers)
+    session = open_session(path, providers or CPU_ONLY, threads)[0]
 
     def run(pre: np.ndarray, post: np.ndarray, batch_size: int) -> np.ndarray:
         return ort_outputs(session, pre, post, batch_size)[0]

@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     from app.scoring.batch import read_scene_list
     from data_prep.engine import EngineError
     from data_prep.mosaic import SceneError
-    from runtime.predictor import ModelError, default_model
+    from runtime.contract import ModelError
+    from runtime.registry import default_model
 
     try:
         model = args.model if args.model is not None else default_model()

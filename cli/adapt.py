@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from cli.prepare import align_argument
+from cli.options import align_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -187,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
     from app.adapt.fit import AdaptError
     from app.adapt.labelled import LabelError
     from app.adapt.model import adapt_model, format_adaptation
-    from runtime.predictor import ModelError, Predictor, default_model
+    from runtime.contract import ModelError
+    from runtime.predictor import Predictor
+    from runtime.registry import default_model
 
     if args.out is None and args.suggest is None:
         print("error: give --out (the adapted model) and/or --suggest N", file=sys.stderr)

@@ -182,7 +182,7 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_xview2(args: argparse.Namespace) -> int:
     from data_prep.xbd import XbdRootError
-    from runtime.predictor import ModelError
+    from runtime.contract import ModelError
 
     try:
         metrics = evaluate_xview2(

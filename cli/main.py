@@ -2,11 +2,17 @@
 
 Parsers are cheap to build; each subcommand imports its torch-bearing library only when it runs,
 so `local-damage --help` is instant and serving commands never load torch.
+
+What the user sees is decided here: library code logs (``logging.getLogger(__name__)``) and the
+messages go to standard error, plain, at INFO (WARNING with ``--quiet``); a
+:class:`~data_prep.errors.LocalDamageError` from any command is printed as ``error: ...`` with
+exit status 2, and any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +33,7 @@ from cli import prepare as prepare_cli
 from cli import probe as probe_cli
 from cli import score as score_cli
 from cli import train as train_cli
+from data_prep.errors import LocalDamageError
 from local_damage import __version__
 
 
@@ -65,14 +72,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StderrHandler(logging.Handler):
+    """Writes each record to the standard error of the moment (so a redirected or captured
+    ``sys.stderr`` gets it), one line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+def configure_logging(quiet: bool = False) -> None:
+    """Library log records to standard error as plain messages: INFO and up, WARNING and up when
+    ``quiet``; the project's loggers only (third-party libraries keep their own settings)."""
+    handler = StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for name in ("data_prep", "runtime", "local_damage", "app", "cli", "bench"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.WARNING if quiet else logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    configure_logging(quiet=bool(getattr(args, "quiet", False)))
     try:
         return int(args.func(args) or 0)
+    except LocalDamageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -8,84 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-def _spec_arguments(parser: argparse.ArgumentParser) -> None:
-    from data_prep.spec import ChipSpec
-
-    d = ChipSpec()
-    parser.add_argument(
-        "--chip-size",
-        type=int,
-        default=d.chip_size,
-        metavar="N",
-        help=f"side of the stored chips in pixels (default {d.chip_size})",
-    )
-    parser.add_argument(
-        "--context",
-        type=float,
-        default=d.context,
-        metavar="F",
-        help=f"window side as a multiple of the footprint's longest bbox side (default {d.context})",
-    )
-    parser.add_argument(
-        "--min-size",
-        type=int,
-        default=d.min_size,
-        metavar="PX",
-        help=f"smallest window side in source pixels (default {d.min_size})",
-    )
-    parser.add_argument(
-        "--strict", action="store_true", help="exit non-zero when any input was skipped"
-    )
-
-
-def _pixel_count(text: str) -> int:
-    try:
-        value = int(text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, got {text}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def align_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--align`` (shared by `prepare scene`, `score` and `score-batch`)."""
-    from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
-
-    parser.add_argument(
-        "--align",
-        choices=ALIGN_MODES,
-        default=AUTO,
-        help="auto (default): measure the post-to-pre shift (phase correlation in blocks of the "
-        f"pre grid) and, when it is confident and longer than {MIN_CORRECT_PX:g} px, correct the "
-        "post imagery before chips are cut; the shift is reported either way. off: use the post "
-        "imagery as given",
-    )
-
-
-def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = None) -> None:
-    """Add ``--max-pixels`` (shared by `prepare`, `score`, `score-batch` and `app`)."""
-    from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV
-
-    parser.add_argument(
-        "--max-pixels",
-        type=_pixel_count,
-        metavar="N",
-        help="refuse, before decoding, any image, internal block or read window of more pixels "
-        f"(default: ${MAX_PIXELS_ENV}, else {default or MAX_PIXELS:_})",
-    )
-
-
-def resolve_max_pixels(args: argparse.Namespace) -> int | None:
-    """The pixel limit of a command, or None after printing why the environment's is unusable."""
-    from data_prep.quality import max_pixels
-
-    try:
-        return max_pixels(args.max_pixels)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None
+from cli.options import (
+    add_engine_arguments,
+    add_spec_args,
+    align_argument,
+    max_pixels_argument,
+    resolve_max_pixels,
+)
 
 
 def _spec(args: argparse.Namespace):
@@ -131,26 +60,6 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
             resume=args.resume,
         ),
         (XbdRootError, EngineError, ResumeError),
-    )
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
-    """``--workers`` and ``--scheduler`` (:mod:`data_prep.engine`); ``jobs`` names the unit."""
-    from data_prep.engine import SCHEDULER_ENV
-
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"worker processes of the embedded Dask cluster, one job per {jobs} (default: one "
-        "per CPU core; 1 runs in this process)",
-    )
-    parser.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help=f"run on an existing Dask cluster, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV} "
-        "when set, else the embedded cluster); its workers must see the same paths",
     )
 
 
@@ -226,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
     )
     xbd.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
-    _spec_arguments(xbd)
+    add_spec_args(xbd)
     add_engine_arguments(xbd, "tile")
     xbd.add_argument(
         "--include-unclassified",
@@ -271,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="event name for the manifest (default: the footprint file's name)",
     )
     scene.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
-    _spec_arguments(scene)
+    add_spec_args(scene)
     add_engine_arguments(scene, "part of the scene")
     max_pixels_argument(scene)
     align_argument(scene)
@@ -310,7 +219,7 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:
     bp.add_argument(
         "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
     )
-    _spec_arguments(bp)
+    add_spec_args(bp)
     bp.add_argument(
         "--workers",
         type=int,

@@ -7,7 +7,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
-from cli.prepare import align_argument, max_pixels_argument, resolve_max_pixels
+from cli.options import align_argument, max_pixels_argument, resolve_max_pixels
 
 #: Default chips per inference batch.
 BATCH_SIZE = 32
@@ -59,7 +59,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _load_model(path: str | None, tta: str = "none"):
     """The predictor (the default model when ``path`` is None), or None after printing why not."""
-    from runtime.predictor import ModelError, Predictor, default_model
+    from runtime.contract import ModelError
+    from runtime.predictor import Predictor
+    from runtime.registry import default_model
 
     try:
         return Predictor(path if path is not None else default_model(), tta=tta)
@@ -226,7 +228,8 @@ def _run_app(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from runtime.predictor import ModelError, default_model, default_models_dir
+    from runtime.contract import ModelError
+    from runtime.registry import default_model, default_models_dir
 
     models_dir = args.models if args.models is not None else str(default_models_dir())
     if args.model is None:
@@ -379,7 +382,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "name, the same on every machine); the summary is OUT/summary-I-of-N.json. For "
         "machines that share no Dask cluster; with one, use --scheduler instead",
     )
-    from cli.prepare import add_engine_arguments
+    from cli.options import add_engine_arguments
 
     add_engine_arguments(batch, "scene")
     _common(batch)

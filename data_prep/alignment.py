@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from data_prep.registration import CONTEXT_MIN_NCC, context_shift, gray
+
 if TYPE_CHECKING:
     from data_prep.mosaic import Scene
 
@@ -69,15 +71,6 @@ MIN_BLOCKS = 2
 AGREE_PX = 1.5
 #: A confident scene shift is corrected only when longer than this many grid pixels.
 MIN_CORRECT_PX = 1.0
-
-
-def gray(rgb: np.ndarray) -> np.ndarray:
-    """float32 ``[H, W]`` Rec. 601 luma (0-255) of a uint8 ``[H, W, 3]`` RGB image (or a grey
-    ``[H, W]`` image as float32)."""
-    a = np.asarray(rgb, dtype=np.float32)
-    if a.ndim == 2:
-        return a
-    return 0.299 * a[..., 0] + 0.587 * a[..., 1] + 0.114 * a[..., 2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,12 +154,10 @@ def block_shift(
 
 def block_shift_ncc(pre: np.ndarray, post: np.ndarray) -> BlockShift:
     """Shift of a post block by normalised cross-correlation of half-resolution, blurred grey
-    blocks (:func:`data_prep.residual.context_shift`, within ``±CONTEXT_SEARCH`` px): the second
+    blocks (:func:`data_prep.registration.context_shift`, within ``±CONTEXT_SEARCH`` px): the second
     measurement, used when the phase-correlation blocks do not agree. ``response`` is the peak
     correlation; confident when it is at least ``CONTEXT_MIN_NCC`` and the peak is not on the
     edge of the search range. Flat blocks and blocks too small to search give NaN."""
-    from data_prep.residual import CONTEXT_MIN_NCC, context_shift
-
     a, b = gray(pre), gray(post)
     if a.shape != b.shape or a.ndim != 2:
         raise ValueError(f"pre and post blocks must have one 2-D shape, got {a.shape}, {b.shape}")

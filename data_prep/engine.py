@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from data_prep.errors import LocalDamageError
+
 #: Environment variable naming an existing scheduler (Dask's own convention).
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 #: Workers a job may kill (or lose) before it counts as failed.
@@ -33,7 +35,7 @@ ALLOWED_FAILURES = 3
 CONNECT_TIMEOUT = 10
 
 
-class EngineError(RuntimeError):
+class EngineError(LocalDamageError, RuntimeError):
     """The cluster cannot be reached or started; the message says which and what to do."""
 
 

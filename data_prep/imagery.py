@@ -9,10 +9,11 @@ from functools import cached_property
 import numpy as np
 
 from data_prep import radiometry
+from data_prep.errors import LocalDamageError
 from data_prep.radiometry import Scaling
 
 
-class ImageError(ValueError):
+class ImageError(LocalDamageError, ValueError):
     """An image that cannot be used; the message names the file and the problem."""
 
 

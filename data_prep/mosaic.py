@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from data_prep import radiometry
+from data_prep.errors import LocalDamageError
 from data_prep.radiometry import Scaling
 from data_prep.report import Skipped
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from rasterio.crs import CRS
 
 
-class SceneError(ValueError):
+class SceneError(LocalDamageError, ValueError):
     """An input that makes a scene or one of its tiles unusable.
 
     Attributes:

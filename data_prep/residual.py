@@ -30,112 +30,26 @@ a larger post image.)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from data_prep.alignment import gray
+from data_prep.registration import (
+    CONTEXT_MIN_NCC,
+    ChipShift,
+    check_pair,
+    context_shift,
+    gray,
+    match_template,
+)
 from data_prep.windows import ChipWindow
 
 #: Side in source pixels of the window around a building in which its shift is measured.
 CONTEXT_SIDE = 512
-#: Largest shift looked for in that window (source pixels).
-CONTEXT_SEARCH = 24
-#: The window is matched after area averaging by this factor.
-CONTEXT_FACTOR = 2
-#: Gaussian blur (pixels, after averaging) of the window before matching.
-CONTEXT_BLUR = 0.5
-#: Least peak correlation for the shift of a building's context to be measured: above 95% of
-#: the peaks of windows from two unrelated xBD tiles (median 0.05, 95th percentile 0.16, 99th
-#: 0.23), while 98% of the real pairs of folds 0, 2, 3 and 4 are measured (docs/flags.md).
-CONTEXT_MIN_NCC = 0.2
 
 #: Search range of a chip pair's shift, as a fraction of the chip side (16 px on 128 px chips).
 CHIP_SEARCH = 0.125
 #: Gaussian blur (pixels) of chip grey images before matching.
 CHIP_BLUR = 1.0
-#: Least peak correlation for a chip pair's shift to be measured.
-CHIP_MIN_NCC = 0.3
-#: Least gain in correlation of the best shift over no shift for it to be measured.
-CHIP_MIN_GAIN = 0.2
-
-
-@dataclass(frozen=True)
-class ChipShift:
-    """A pair's shift (pixels, post relative to pre) and the match behind it.
-
-    Attributes:
-        dx, dy: the best shift within the search range.
-        ncc: normalised cross-correlation at that shift (-1..1).
-        ncc_zero: normalised cross-correlation at no shift.
-        search_px: the search range; a peak on its edge is not a measurement.
-    """
-
-    dx: float
-    dy: float
-    ncc: float
-    ncc_zero: float
-    search_px: float = math.inf
-
-    @property
-    def length(self) -> float:
-        return float(math.hypot(self.dx, self.dy))
-
-    @property
-    def inside(self) -> bool:
-        """Whether the peak lies inside the search range (not on its edge)."""
-        return max(abs(self.dx), abs(self.dy)) < self.search_px - 0.5
-
-    @property
-    def measurable(self) -> bool:
-        """Whether a chip match is good, clearly better than no shift, and not on the edge of
-        the search range (see the module docstring)."""
-        return (
-            self.inside and self.ncc >= CHIP_MIN_NCC and self.ncc - self.ncc_zero >= CHIP_MIN_GAIN
-        )
-
-
-def _parabola(m: np.ndarray, x: int, y: int) -> tuple[float, float]:
-    def vertex(a: float, b: float, c: float) -> float:
-        d = a - 2 * b + c
-        return 0.0 if d >= 0 else float(np.clip(0.5 * (a - c) / d, -0.5, 0.5))
-
-    h, w = m.shape
-    ox = vertex(m[y, x - 1], m[y, x], m[y, x + 1]) if 0 < x < w - 1 else 0.0
-    oy = vertex(m[y - 1, x], m[y, x], m[y + 1, x]) if 0 < y < h - 1 else 0.0
-    return x + ox, y + oy
-
-
-def _match(a: np.ndarray, b: np.ndarray, r: int) -> tuple[float, float, float, float] | None:
-    """Best ``(dx, dy, ncc, ncc_zero)`` of the centre of ``a`` (less ``r`` on every edge) over
-    ``b``, in pixels of these images; None when either is flat."""
-    import cv2
-
-    h, w = a.shape
-    template = a[r : h - r, r : w - r]
-    if float(template.std()) < 1e-3 or float(b.std()) < 1e-3:
-        return None
-    m = cv2.matchTemplate(b, template, cv2.TM_CCOEFF_NORMED)
-    m = np.nan_to_num(m, nan=-1.0, posinf=-1.0, neginf=-1.0)
-    _, peak, _, (x, y) = cv2.minMaxLoc(m)
-    fx, fy = _parabola(m, x, y)
-    return fx - r, fy - r, float(peak), float(m[r, r])
-
-
-def _check_pair(a: np.ndarray, b: np.ndarray, what: str) -> None:
-    if a.shape != b.shape or a.ndim != 2:
-        raise ValueError(f"pre and post {what} must have one 2-D shape, got {a.shape}, {b.shape}")
-
-
-def _luma(image: np.ndarray) -> np.ndarray:
-    """float32 ``[H, W]`` Rec. 601 luma of a uint8 RGB image by OpenCV (rounded to whole grey
-    levels, about 20 times faster than :func:`data_prep.alignment.gray` on a 512 px window), or
-    :func:`data_prep.alignment.gray` of anything else."""
-    import cv2
-
-    if image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3:
-        return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY).astype(np.float32)
-    return gray(image)
 
 
 def chip_shift(pre: np.ndarray, post: np.ndarray, search: float = CHIP_SEARCH) -> ChipShift:
@@ -154,12 +68,12 @@ def chip_shift(pre: np.ndarray, post: np.ndarray, search: float = CHIP_SEARCH) -
     import cv2
 
     a, b = gray(pre), gray(post)
-    _check_pair(a, b, "chips")
+    check_pair(a, b, "chips")
     if CHIP_BLUR > 0:
         a = cv2.GaussianBlur(a, (0, 0), CHIP_BLUR)
         b = cv2.GaussianBlur(b, (0, 0), CHIP_BLUR)
     r = max(1, int(round(search * min(a.shape))))
-    found = _match(a, b, r)
+    found = match_template(a, b, r)
     if found is None:
         return ChipShift(0.0, 0.0, 0.0, 0.0)
     dx, dy, peak, zero = found
@@ -190,50 +104,6 @@ def context_window(
         if height >= side:
             row = min(max(row, 0), height - side)
     return ChipWindow(col, row, side)
-
-
-def context_shift(
-    pre: np.ndarray,
-    post: np.ndarray,
-    search: int = CONTEXT_SEARCH,
-    factor: int = CONTEXT_FACTOR,
-) -> ChipShift:
-    """The shift of a post window relative to the pre window of the same place.
-
-    Both are averaged down by ``factor``, blurred, and the pre window less ``search`` px on every
-    edge is matched over the post window.
-
-    Args:
-        pre, post: uint8 ``[S, S, 3]`` (or grey) windows of one size, cut from the pre image and
-            the corrected post image (pixels without data are best set to the window's mean
-            first, as :func:`context_residual` does).
-        search: the largest shift looked for, in source pixels.
-        factor: the averaging factor (1: full resolution).
-
-    Returns:
-        The :class:`ChipShift` in source pixels (``search_px`` = ``search``); flat windows give
-        a zero shift with correlation 0.
-    """
-    import cv2
-
-    a, b = _luma(pre), _luma(post)
-    _check_pair(a, b, "windows")
-    factor = max(int(factor), 1)
-    if factor > 1:
-        size = (a.shape[1] // factor, a.shape[0] // factor)
-        a = cv2.resize(a, size, interpolation=cv2.INTER_AREA)
-        b = cv2.resize(b, size, interpolation=cv2.INTER_AREA)
-    if CONTEXT_BLUR > 0:
-        a = cv2.GaussianBlur(a, (0, 0), CONTEXT_BLUR)
-        b = cv2.GaussianBlur(b, (0, 0), CONTEXT_BLUR)
-    r = max(1, int(search) // factor)
-    if min(a.shape) <= 2 * r + 4:
-        raise ValueError(f"windows of {pre.shape[:2]} px are too small for a {search} px search")
-    found = _match(a, b, r)
-    if found is None:
-        return ChipShift(0.0, 0.0, 0.0, 0.0, float(search))
-    dx, dy, peak, zero = found
-    return ChipShift(float(dx * factor), float(dy * factor), peak, zero, float(r * factor))
 
 
 def _fill_mean(window: np.ndarray, valid: np.ndarray) -> np.ndarray:

@@ -31,7 +31,11 @@ from data_prep.footprints import Footprints
 from data_prep.mosaic import Scene, SceneError
 from data_prep.quality import blank_reason, pixel_limit_problem
 from data_prep.spec import ChipSpec
-from data_prep.windows import ChipWindow, chip_window, crop_boundless, resize_chip
+from data_prep.windows import (
+    ChipWindow,
+    chip_window,
+    cut_pair,
+)
 
 #: Default side, in grid pixels, of the blocks that share one read.
 BLOCK_SIZE = 1024
@@ -257,8 +261,7 @@ def cut_reads(
                 continue
             w = windows[k]
             local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
-            pre = resize_chip(crop_boundless(pre_rgb, local), spec.chip_size)
-            post = resize_chip(crop_boundless(post_rgb, local), spec.chip_size)
+            pre, post = cut_pair(pre_rgb, post_rgb, local, spec.chip_size)
             blank = blank_reason(pre, post)
             if blank:
                 yield buildings.chip(k, SKIPPED, blank)

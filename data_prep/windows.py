@@ -104,6 +104,30 @@ def resize_chip(chip: np.ndarray, chip_size: int, out: np.ndarray | None = None)
     return cv2.resize(chip, (chip_size, chip_size), dst=out, interpolation=cv2.INTER_AREA)
 
 
+def cut_chip(
+    image: np.ndarray, window: ChipWindow, chip_size: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """One chip of the chip contract: ``window`` cut from an [H, W, 3] image, zero past its
+    edges (:func:`crop_boundless`; a view when the window lies inside), resampled to
+    ``chip_size`` by :func:`resize_chip` (into ``out`` when given)."""
+    height, width = image.shape[:2]
+    c0, r0, size = window
+    if c0 >= 0 and r0 >= 0 and c0 + size <= width and r0 + size <= height:
+        crop = image[r0 : r0 + size, c0 : c0 + size]
+    else:
+        crop = crop_boundless(image, window)
+    return resize_chip(crop, chip_size, out=out)
+
+
+def cut_pair(
+    pre: np.ndarray, post: np.ndarray, window: ChipWindow, chip_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pre and post chips of one building: the same ``window`` from both images, cut and
+    resampled by :func:`cut_chip`. Training, evaluation and every scoring path cut chips with
+    this function, so what a model sees in service is what it saw in training."""
+    return cut_chip(pre, window, chip_size), cut_chip(post, window, chip_size)
+
+
 def covered_fraction(window: ChipWindow, height: int, width: int) -> float:
     """Fraction of the window's area that lies inside an image of ``height`` x ``width``."""
     src_r, src_c, _, _ = window_overlap(window, height, width)

@@ -22,12 +22,13 @@ import numpy as np
 
 from data_prep import quality
 from data_prep.engine import JobFailed
+from data_prep.errors import LocalDamageError
 from data_prep.imagery import ImageError, read_rgb, read_rgb_pair, split_file_message
 from data_prep.quality import BLANK, blank_reasons
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, UNCLASSIFIED, UNLABELLED, ChipSpec, parse_label
 from data_prep.store import SHARDS, safe_name, start_store, write_json, write_manifest, write_shard
-from data_prep.windows import chip_window, crop_boundless, resize_chip
+from data_prep.windows import chip_window, cut_chip
 from data_prep.xbd_resume import (
     SIDECAR,
     finished_tiles,
@@ -44,7 +45,7 @@ _IMAGE_NAME = re.compile(
 _LABEL_NAME = re.compile(r"^(?P<tile>.+)_post_disaster\.json$", re.IGNORECASE)
 
 
-class XbdRootError(ValueError):
+class XbdRootError(LocalDamageError, ValueError):
     """An xBD root that does not exist or holds no xBD tiles; the message names the folder."""
 
 
@@ -465,16 +466,9 @@ def cut_tile_rows(
             )
             continue
         window = chip_window(b.centroid, b.bbox, spec)
-        c0, r0 = window.col_off, window.row_off
-        c1, r1 = c0 + window.size, r0 + window.size
-        if c0 >= 0 and r0 >= 0 and c1 <= width and r1 <= height:
-            # inside the tile: a view is what crop_boundless would copy out
-            resize_chip(pre[r0:r1, c0:c1], size, out=pre_chips[n])
-            resize_chip(post[r0:r1, c0:c1], size, out=post_chips[n])
-        else:
-            resize_chip(crop_boundless(pre, window), size, out=pre_chips[n])
-            resize_chip(crop_boundless(post, window), size, out=post_chips[n])
-        cut.append((b, n, (c0, r0, window.size)))
+        cut_chip(pre, window, size, out=pre_chips[n])
+        cut_chip(post, window, size, out=post_chips[n])
+        cut.append((b, n, (window.col_off, window.row_off, window.size)))
         n += 1
     blanks = blank_reasons(pre_chips[:n], post_chips[:n])
     kept: list[tuple[Building, tuple[int, int, int]]] = []

@@ -14,12 +14,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from data_prep.errors import LocalDamageError
 from data_prep.report import PrepareReport
 from data_prep.spec import ChipSpec
 from data_prep.store import SHARDS, STORE_META, safe_name
 
 
-class ResumeError(ValueError):
+class ResumeError(LocalDamageError, ValueError):
     """``--resume`` into a store prepared with other options; the message says which."""
 
 

@@ -15,10 +15,12 @@ from typing import Any, TypeVar
 
 import yaml
 
+from data_prep.errors import LocalDamageError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(LocalDamageError, ValueError):
     """A config file or override that does not fit the config's fields."""
 
 

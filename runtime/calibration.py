@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from data_prep.errors import LocalDamageError
+
 #: Metadata prop of a model file that holds the calibration block.
 METADATA_KEY = "calibration"
 #: The only calibration method so far.
@@ -31,7 +33,7 @@ METHOD = "temperature scaling"
 T_MIN, T_MAX = 0.01, 100.0
 
 
-class CalibrationError(ValueError):
+class CalibrationError(LocalDamageError, ValueError):
     """Logits and labels a temperature cannot be fitted to; the message says why."""
 
 

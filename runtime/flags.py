@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.quality import is_blank
 from data_prep.residual import residual_shift
 
 #: Every flag name, in the order they are written.
@@ -91,7 +92,6 @@ def parse_flags(text: str | None) -> list[str]:
 
 def blank_flag(pre: np.ndarray, post: np.ndarray) -> bool:
     """Whether the pre or post uint8 ``[H, W, 3]`` chip is blank (one flat value)."""
-    from data_prep.quality import is_blank
 
     return is_blank(pre) or is_blank(post)
 

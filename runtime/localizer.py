@@ -15,7 +15,6 @@ georeferenced scene of any size, one block of the pre mosaic at a time.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,19 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from runtime.predictor import (
+from data_prep.polygons import mask_to_polygons
+from runtime.contract import (
+    LOCALIZE_TASK,
+    LOCALIZER_INPUT,
+    LOCALIZER_METADATA,
+    LOCALIZER_OUTPUT,
     SUPPORTED_FORMAT_VERSIONS,
     ModelError,
-    _parse_metadata,
     open_session,
 )
+from runtime.registry import LOCALIZER_NAME, default_localizer
 
-#: ``task`` metadata of a localiser model.
-TASK = "localize"
-#: File name of the bundled localiser, beside the bundled damage model.
-LOCALIZER_NAME = "localizer.onnx"
-#: Metadata props every localiser must have.
-REQUIRED_METADATA = ("format_version", "task", "tile_size", "scale", "threshold", "min_area_px")
 #: Default side, in grid pixels, of the scene blocks read at once by :func:`detect_scene`.
 BLOCK_SIZE = 1024
 #: Default margin, in grid pixels, read around each block (context, and buildings across edges).
@@ -103,7 +101,7 @@ class Localizer:
 
     def _check(self) -> None:
         md = self.metadata
-        if md.get("task") != TASK:
+        if md.get("task") != LOCALIZE_TASK:
             if "class_names" in md and "chip_spec" in md:
                 raise self._fail(
                     "is a damage model, not a building localiser; give it as --model, and a "
@@ -111,9 +109,9 @@ class Localizer:
                 )
             raise self._fail(
                 f"not a building localiser (metadata task is {md.get('task')!r}, expected "
-                f"{TASK!r}); export one with `local-damage localize export`"
+                f"{LOCALIZE_TASK!r}); export one with `local-damage localize export`"
             )
-        missing = [k for k in REQUIRED_METADATA if k not in md]
+        missing = [k for k in LOCALIZER_METADATA if k not in md]
         if missing:
             raise self._fail(f"missing localiser metadata key(s) {', '.join(missing)}")
         if md["format_version"] not in SUPPORTED_FORMAT_VERSIONS:
@@ -139,7 +137,7 @@ class Localizer:
         self.threshold: float = number("threshold", 0.0, 1.0)
         self.min_area_px: int = number("min_area_px", 0, 10**9, integer=True)
         inputs = self._session.get_inputs()
-        if [i.name for i in inputs] != ["image"] or inputs[0].type != "tensor(uint8)":
+        if [i.name for i in inputs] != [LOCALIZER_INPUT] or inputs[0].type != "tensor(uint8)":
             raise self._fail(
                 f"inputs are {[(i.name, i.type) for i in inputs]}, expected one uint8 'image' "
                 "[N, H, W, 3]"
@@ -148,11 +146,13 @@ class Localizer:
         if len(shape) != 4 or shape[3] != 3:
             raise self._fail(f"input 'image' has shape {shape}, expected [N, H, W, 3]")
         outputs = [o.name for o in self._session.get_outputs()]
-        if "building" not in outputs:
+        if LOCALIZER_OUTPUT not in outputs:
             raise self._fail(f"outputs are {outputs}; missing 'building' [N, H, W]")
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
-        out = self._session.run(["building"], {"image": np.ascontiguousarray(batch)})[0]
+        out = self._session.run([LOCALIZER_OUTPUT], {LOCALIZER_INPUT: np.ascontiguousarray(batch)})[
+            0
+        ]
         return np.asarray(out, dtype=np.float32)
 
     def predict(self, image: np.ndarray, batch_size: int = 1) -> np.ndarray:
@@ -229,7 +229,6 @@ class Localizer:
     def polygons(self, probability: np.ndarray, transform=None) -> list:
         """Building polygons of a probability map (:func:`data_prep.polygons.mask_to_polygons`
         with this model's threshold and smallest blob)."""
-        from data_prep.polygons import mask_to_polygons
 
         return mask_to_polygons(
             probability,
@@ -258,7 +257,7 @@ class Localizer:
         return {
             "name": self.path.stem,
             "path": str(self.path),
-            "task": TASK,
+            "task": LOCALIZE_TASK,
             "scale": self.scale,
             "tile_size": self.tile_size,
             "threshold": self.threshold,
@@ -294,19 +293,6 @@ def _pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.pad(image, ((0, height - h), (0, width - w), (0, 0)), mode=mode)
 
 
-def default_localizer(folder: str | os.PathLike | None = None) -> Path | None:
-    """The localiser used when none is named: ``localizer.onnx`` of ``folder`` (default: ./models,
-    then the project's bundled models/); None when there is none."""
-    from runtime.predictor import BUNDLED_MODELS
-
-    folders = [Path(folder)] if folder is not None else [Path("models"), BUNDLED_MODELS]
-    for f in folders:
-        path = f / LOCALIZER_NAME
-        if path.is_file():
-            return path
-    return None
-
-
 #: What to do when no localiser is available (said wherever one is needed).
 HOW_TO_GET_ONE = (
     "give building footprints, or a localiser model with --localizer PATH (put it at "
@@ -329,32 +315,6 @@ def load_localizer(path: str | os.PathLike | None = None, threads: int | None = 
                 f"so buildings cannot be detected; {HOW_TO_GET_ONE}"
             )
     return Localizer(path, threads=threads)
-
-
-def model_task(path: str | os.PathLike) -> str | None:
-    """The ``task`` metadata prop of an ONNX file (``"localize"`` for a localiser), None when it
-    has none or cannot be read. Cached by path, size and modification time."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError:
-        return None
-    return _model_task(str(p.resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=256)
-def _model_task(path: str, size: int, mtime: int) -> str | None:
-    try:
-        import onnx
-
-        proto = onnx.load(path, load_external_data=False)
-    except Exception:  # not ONNX: the loader says so when the file is used
-        return None
-    for prop in proto.metadata_props:
-        if prop.key == "task":
-            value = _parse_metadata({"task": prop.value})["task"]
-            return value if isinstance(value, str) else None
-    return None
 
 
 # --------------------------------------------------------------------------- scenes

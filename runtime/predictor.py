@@ -20,7 +20,6 @@ that prop returns the graph's raw output as ``logits``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,15 +28,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from data_prep.spec import ChipSpec
+from data_prep.windows import resize_chip
+from runtime.calibration import read_temperature
+from runtime.contract import (
+    CHANGE_MAP,
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    REQUIRED_METADATA,
+    SUPPORTED_FORMAT_VERSIONS,
+    ModelError,
+    open_session,
+)
+from runtime.flags import ood_summary
+from runtime.head import adaptation_summary, read_head
 
-#: Model file layouts this predictor reads.
-SUPPORTED_FORMAT_VERSIONS = (1,)
-#: Metadata props every model must have.
-REQUIRED_METADATA = ("format_version", "class_names", "chip_spec", "input_size")
-INPUT_NAMES = ("pre", "post")
-OUTPUT_NAMES = ("logits", "embedding")
-#: Optional output of models exported with ``--change-map``: the latent correlation map.
-CHANGE_MAP = "change_map"
 #: Test-time augmentation: the views of a chip pair whose outputs are averaged, as
 #: ``(quarter turns, mirrored)``. Overhead imagery has no up or down, so a turned or mirrored
 #: pair shows the same building; ``none`` is the pair as it is.
@@ -52,14 +56,6 @@ def tta_view(chips: np.ndarray, turns: int, mirrored: bool) -> np.ndarray:
     """``[N, H, W, C]`` chips turned by ``turns`` quarter turns, then mirrored left-right."""
     out = np.rot90(chips, turns, axes=(1, 2)) if turns else chips
     return out[:, :, ::-1] if mirrored else out
-
-
-#: Execution providers tried in this order when none are given.
-PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
-
-
-class ModelError(ValueError):
-    """A file that is not a valid local-damage ONNX model; the message names the file and why."""
 
 
 class Prediction(NamedTuple):
@@ -105,56 +101,11 @@ def resize_chips(chips: np.ndarray, size: int) -> np.ndarray:
         return chips
     if h != w:
         raise ValueError(f"chips must be square, got {h}x{w}")
-    from data_prep.windows import resize_chip
 
     out = np.empty((n, size, size, 3), np.uint8)
     for i in range(n):
         out[i] = resize_chip(chips[i], size)
     return out
-
-
-def _session_options(threads: int | None):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        options.intra_op_num_threads = int(threads)
-    options.inter_op_num_threads = 1
-    return options
-
-
-def open_session(path: Path, providers, threads: int | None, what: str):
-    """``(session, metadata)``: an ONNX Runtime session over ``path`` and its metadata props
-    parsed from JSON; ``what`` names the file in the errors (``model``, ``localiser model``).
-
-    Raises:
-        ModelError: the file is missing or not a loadable ONNX model.
-    """
-    import onnxruntime as ort
-
-    if not path.is_file():
-        raise ModelError(f"{path}: {what} file not found")
-    try:
-        session = ort.InferenceSession(
-            str(path),
-            _session_options(threads),
-            providers=list(providers) if providers else default_providers(),
-        )
-    except Exception as exc:  # onnxruntime raises its own exception types for bad files
-        raise ModelError(
-            f"{path}: not a loadable ONNX model ({type(exc).__name__}: {exc})"
-        ) from exc
-    return session, _parse_metadata(session.get_modelmeta().custom_metadata_map)
-
-
-def default_providers() -> list[str]:
-    """CUDA first when this onnxruntime has it (onnxruntime-gpu), then CPU."""
-    import onnxruntime as ort
-
-    available = set(ort.get_available_providers())
-    chosen = [p for p in PREFERRED_PROVIDERS if p in available]
-    return chosen or ["CPUExecutionProvider"]
 
 
 class Predictor:
@@ -181,7 +132,7 @@ class Predictor:
             ``--change-map``).
         temperature: the calibration temperature ``T`` the probabilities are computed with;
             None for an uncalibrated model (``T = 1``).
-        head: the adapted head (:class:`app.adapt.fit.Head`) applied to the graph's output; None
+        head: the adapted head (:class:`runtime.head.Head`) applied to the graph's output; None
             for a model that was not adapted.
         providers: the providers the session actually uses.
 
@@ -276,13 +227,11 @@ class Predictor:
         self.has_change_map: bool = CHANGE_MAP in outputs
         d = outputs["embedding"].shape[-1] if outputs["embedding"].shape else None
         self.embedding_dim: int = d if isinstance(d, int) else int(md.get("embedding_dim") or 0)
-        from runtime.calibration import read_temperature
 
         try:
             self.temperature: float | None = read_temperature(md, self.path)
         except ValueError as exc:
             raise ModelError(str(exc)) from exc
-        from app.adapt.fit import read_head
 
         try:
             self.head = read_head(md, len(self.class_names), self.embedding_dim, self.path)
@@ -382,8 +331,6 @@ class Predictor:
         model never flags ``ood``), the adapted head without its weights (None: not adapted),
         licence, chip spec, input size, precision, parity, the
         providers in use and the test-time augmentation (``tta``)."""
-        from app.adapt.model import adaptation_summary
-        from runtime.flags import ood_summary
 
         md = self.metadata
         config = md.get("config") or {}
@@ -420,60 +367,3 @@ class Predictor:
             f"Predictor({str(self.path)!r}, classes={len(self.class_names)}, "
             f"input_size={self.input_size}, providers={self.providers})"
         )
-
-
-def _parse_metadata(raw: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        try:
-            out[key] = json.loads(value)
-        except (json.JSONDecodeError, TypeError):
-            out[key] = value
-    return out
-
-
-def list_models(folder: str | os.PathLike = "models") -> list[Path]:
-    """The damage models (``.onnx`` files) in ``folder`` (not recursive), sorted by name; empty
-    when absent. Hidden files (a model being written atomically is a hidden temporary) and
-    building localisers (metadata task ``localize``, :mod:`runtime.localizer`) are left out."""
-    from runtime.localizer import TASK, model_task
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(
-        p
-        for p in folder.iterdir()
-        if p.suffix == ".onnx"
-        and not p.name.startswith(".")
-        and p.is_file()
-        and model_task(p) != TASK
-    )
-
-
-#: File name of the bundled model that every command uses when no --model is given.
-DEFAULT_MODEL_NAME = "default.onnx"
-#: The project's models/ folder (next to the packages in a source checkout).
-BUNDLED_MODELS = Path(__file__).resolve().parent.parent / "models"
-
-
-def default_models_dir() -> Path:
-    """``./models`` when it holds .onnx files, else the project's bundled ``models/`` folder."""
-    here = Path("models")
-    return here if list_models(here) else BUNDLED_MODELS
-
-
-def default_model(folder: str | os.PathLike | None = None) -> Path:
-    """The model used when none is named: ``default.onnx``, else the first .onnx of ``folder``.
-
-    Raises:
-        ModelError: when the folder holds no .onnx file.
-    """
-    folder = Path(folder) if folder is not None else default_models_dir()
-    models = list_models(folder)
-    if not models:
-        raise ModelError(
-            f"{folder}: no .onnx model here; give --model, or export one with `local-damage export`"
-        )
-    named = [p for p in models if p.name == DEFAULT_MODEL_NAME]
-    return named[0] if named else models[0]

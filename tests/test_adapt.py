@@ -181,7 +181,8 @@ def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, stor
 def test_a_class_the_base_model_never_expects_keeps_its_probability():
     """Head arithmetic: labels on buildings where the base model gives class 2 almost nothing
     leave p(2) as it was elsewhere (rho near 1); labels on buildings it called 2 shrink it."""
-    from app.adapt.fit import adapt_head, log_softmax
+    from app.adapt.fit import adapt_head
+    from runtime.head import log_softmax
 
     rng = np.random.default_rng(3)
     z = rng.normal(size=(40, 8))
@@ -206,7 +207,8 @@ def test_a_class_the_base_model_never_expects_keeps_its_probability():
 def test_an_unlabelled_class_region_keeps_its_grade():
     """Pure head arithmetic on inputs where the base model says class 2 with p > 0.5: the
     adapted argmax stays 2 and p(2) is unchanged, whatever the head does to classes 0, 1, 3."""
-    from app.adapt.fit import adapt_head, log_softmax
+    from app.adapt.fit import adapt_head
+    from runtime.head import log_softmax
 
     rng = np.random.default_rng(0)
     z = rng.normal(size=(60, 8))
@@ -246,7 +248,8 @@ def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
 def test_a_thousand_labels_use_stratified_k_fold():
     """1,000 labels of 128-d embeddings: stratified 5-fold of every head, then the final fit
     (the fit time is printed by the command and measured in docs/adapt.md, not asserted)."""
-    from app.adapt.fit import adapt_head, unit
+    from app.adapt.fit import adapt_head
+    from runtime.head import unit
 
     rng = np.random.default_rng(1)
     y = rng.integers(0, 4, 1000)
@@ -636,7 +639,8 @@ def test_adapt_runs_without_torch(base, chips, tmp_path):
 def test_predictor_rejects_a_broken_head(adapted, tmp_path):
     import onnx
 
-    from runtime.predictor import ModelError, Predictor
+    from runtime.contract import ModelError
+    from runtime.predictor import Predictor
 
     proto = onnx.load(str(adapted))
     for prop in proto.metadata_props:

@@ -17,12 +17,11 @@ from data_prep.alignment import (
     combine_blocks,
     combine_measurements,
 )
+from data_prep.registration import ChipShift, context_shift
 from data_prep.residual import (
     CONTEXT_SIDE,
-    ChipShift,
     chip_shift,
     context_residual,
-    context_shift,
     image_context_residual,
     residual_shift,
 )

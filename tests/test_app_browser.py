@@ -267,7 +267,8 @@ def test_browser_assess_tile_without_footprints(server, bench_model, bench_tile)
         pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
     from playwright.sync_api import expect, sync_playwright
 
-    from runtime.localizer import LOCALIZER_NAME, Localizer
+    from runtime.localizer import Localizer
+    from runtime.registry import LOCALIZER_NAME
     from tests.test_detect import make_localizer
 
     pre, post, _ = bench_tile

@@ -321,8 +321,8 @@ def test_calibrate_errors_name_the_file(score_model, chips, tmp_path, capsys):
 def test_predictor_rejects_a_bad_temperature(score_model, tmp_path):
     import onnx
 
-    from local_damage.export.model import save_onnx, set_metadata
-    from runtime.predictor import ModelError, Predictor
+    from runtime.contract import ModelError, save_onnx, set_metadata
+    from runtime.predictor import Predictor
 
     proto = onnx.load(str(score_model))
     set_metadata(proto, {"calibration": {"temperature": -1.0}})

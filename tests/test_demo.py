@@ -60,7 +60,8 @@ def test_demo_without_a_model_says_how_to_get_one(tmp_path, monkeypatch, capsys)
 
 
 def test_default_model_prefers_default_onnx(tmp_path, score_model):
-    from runtime.predictor import ModelError, default_model
+    from runtime.contract import ModelError
+    from runtime.registry import default_model
 
     with pytest.raises(ModelError, match="no .onnx model"):
         default_model(tmp_path)
@@ -101,7 +102,8 @@ def test_bundled_default_model_serves_the_app_examples(tmp_path):
     """The newcomer's first run: the shipped model loads, says where it comes from, and the
     app's examples (tile and chips) work with it at once."""
     from app.web.app import assess_chip, assess_tile, card_markdown, make_examples
-    from runtime.predictor import Predictor, default_model
+    from runtime.predictor import Predictor
+    from runtime.registry import default_model
 
     assert default_model(REPO / "models") == BUNDLED
     predictor = Predictor(BUNDLED)

@@ -35,6 +35,16 @@ RECTS = [
 ]
 
 
+def no_bundled_localizer(monkeypatch, tmp_path):
+    """This process sees no default localiser: no ./models and an empty bundled folder."""
+    import runtime.registry
+
+    empty = tmp_path / "no-models"
+    empty.mkdir(exist_ok=True)
+    monkeypatch.setattr(runtime.registry, "BUNDLED_MODELS", empty)
+    monkeypatch.chdir(empty)
+
+
 def make_localizer(
     path: Path,
     *,
@@ -167,8 +177,9 @@ def _read(path: Path):
 
 
 def test_localizer_reads_the_contract_and_refuses_other_models(loc, tmp_path):
+    from runtime.contract import ModelError
     from runtime.localizer import Localizer
-    from runtime.predictor import ModelError, Predictor
+    from runtime.predictor import Predictor
 
     model = Localizer(loc)
     assert (model.tile_size, model.scale, model.threshold, model.min_area_px) == (64, 1.0, 0.5, 20)
@@ -188,7 +199,7 @@ def test_localizer_reads_the_contract_and_refuses_other_models(loc, tmp_path):
 def test_model_lists_leave_localizers_out(loc, tmp_path):
     import shutil
 
-    from runtime.predictor import default_model, list_models
+    from runtime.registry import default_model, list_models
 
     shutil.copy(loc, tmp_path / "localizer.onnx")
     shutil.copy(loc, tmp_path / "a-localizer.onnx")
@@ -360,9 +371,7 @@ def test_score_xbd_mode_without_labels(loc, rect_scene, tmp_path, capsys):
 
 
 def test_no_localizer_says_how_to_get_one(rect_scene, tmp_path, monkeypatch, capsys):
-    import runtime.localizer
-
-    monkeypatch.setattr(runtime.localizer, "default_localizer", lambda folder=None: None)
+    no_bundled_localizer(monkeypatch, tmp_path)
     args = ["score", "--pre", rect_scene["pre"], "--post", rect_scene["post"]]
     args += ["--model", DAMAGE_MODEL, "--out", tmp_path / "x.geojson", "--quiet"]
     assert run_cli(*args) == 2
@@ -423,12 +432,11 @@ def test_app_callback_detects_with_the_models_folder_localizer(
     models folder; without one it says how to get one."""
     import shutil
 
-    import runtime.localizer
     from app.scoring.detect import app_localizer
     from app.web.app import build_app
     from app.web.sessions import AppError
 
-    monkeypatch.setattr(runtime.localizer, "default_localizer", lambda folder=None: None)
+    no_bundled_localizer(monkeypatch, tmp_path)
     with pytest.raises(AppError, match="no building localiser model available"):
         app_localizer(tmp_path / "empty")
     models = tmp_path / "models"
@@ -454,8 +462,6 @@ def test_app_callback_detects_with_the_models_folder_localizer(
 def test_score_batch_detects_scenes_without_footprints(
     loc, rect_scene, tmp_path, monkeypatch, capsys
 ):
-    import runtime.localizer
-
     csv = tmp_path / "scenes.csv"
     pre, post = rect_scene["pre"], rect_scene["post"]
     csv.write_text(
@@ -480,7 +486,7 @@ def test_score_batch_detects_scenes_without_footprints(
 
     # no localiser at all: the scenes without footprints fail with the reason, the rest go on
     # (in this process, where the install is patched to have no bundled localiser)
-    monkeypatch.setattr(runtime.localizer, "default_localizer", lambda folder=None: None)
+    no_bundled_localizer(monkeypatch, tmp_path)
     capsys.readouterr()
     assert run_cli(*args, "--out", tmp_path / "out2", "--workers", "1") == 0
     summary = json.loads((tmp_path / "out2" / "summary.json").read_text())

@@ -53,9 +53,9 @@ def test_graph_inputs_outputs_and_dynamic_batch(exported, tiny_run):
         assert isinstance(dims[0], str) and dims[1:] == [size, size, 3]
     assert [o.name for o in proto.graph.output] == ["logits", "embedding"]
 
-    from local_damage.export.model import ort_session
+    from runtime.contract import CPU_ONLY, open_session
 
-    session = ort_session(path)
+    session = open_session(path, CPU_ONLY)[0]
     rng = np.random.default_rng(3)
     for n in (1, 5):
         pre = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)

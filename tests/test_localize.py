@@ -204,10 +204,10 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     import onnx
     import torch
 
-    from local_damage.export.model import ort_session, read_metadata
     from local_damage.localize.evaluate import evaluate_model
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
+    from runtime.contract import CPU_ONLY, open_session, read_metadata
 
     run, _ = tiny_run
     path = tmp_path / "localizer.onnx"
@@ -248,7 +248,7 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     x = np.random.default_rng(1).integers(0, 256, (2, 64, 96, 3), dtype=np.uint8)
     with torch.no_grad():
         ref = UInt8Localizer(net, cfg.model.flip_tta)(torch.from_numpy(x)).numpy()
-    got = ort_session(path).run(["building"], {"image": x})[0]
+    got = open_session(path, CPU_ONLY)[0].run(["building"], {"image": x})[0]
     assert got.shape == (2, 64, 96) and got.dtype == np.float32
     assert np.abs(got - ref).max() < 1e-4
     result = evaluate_model(path, rect_root, 1, folds=3, split_seed=0, out=tmp_path / "m.json")
@@ -262,9 +262,9 @@ def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_p
     import onnx
     import torch
 
-    from local_damage.export.model import ort_session, read_metadata
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
+    from runtime.contract import CPU_ONLY, open_session, read_metadata
 
     run, _ = tiny_run
     config = (run / "config.yaml").read_text()
@@ -291,7 +291,10 @@ def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_p
             axis=0,
         )
         untouched = plain(torch.from_numpy(x)).numpy()
-    got = {k: ort_session(p).run(["building"], {"image": x})[0] for k, p in models.items()}
+    got = {
+        k: open_session(p, CPU_ONLY)[0].run(["building"], {"image": x})[0]
+        for k, p in models.items()
+    }
     assert np.abs(got["tta"] - by_hand).max() < 1e-4
     assert np.abs(got["plain"] - untouched).max() < 1e-4
     assert np.abs(got["tta"] - got["plain"]).max() > 1e-4  # the flips change the output

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from data_prep.spec import CLASS_NAMES
-from runtime.predictor import ModelError, Prediction, Predictor, list_models
+from runtime.contract import ModelError
+from runtime.predictor import Prediction, Predictor
+from runtime.registry import list_models
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
 from data_prep.spec import ChipSpec
 
 #: Manifest columns a chip store must have to give labelled chips.
 STORE_COLUMNS = ("chip_id", "event", "label", "pre_file", "post_file", "index")
 
 
-class LabelError(ValueError):
+class LabelError(LocalDamageError, ValueError):
     """Labelled buildings that cannot be used; the message names the file and the problem."""
 
 
@@ -296,7 +297,7 @@ def from_xbd(
     from data_prep.imagery import ImageError
     from data_prep.quality import blank_reason
     from data_prep.report import PrepareReport
-    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.windows import chip_window, cut_pair
     from data_prep.xbd import parse_buildings, read_tile_pair
 
     path = Path(labels)
@@ -326,8 +327,7 @@ def from_xbd(
         if maxx <= 0 or maxy <= 0 or minx >= w or miny >= h:
             continue
         window = chip_window(b.centroid, b.bbox, spec)
-        a = resize_chip(crop_boundless(pre_img, window), spec.chip_size)
-        c = resize_chip(crop_boundless(post_img, window), spec.chip_size)
+        a, c = cut_pair(pre_img, post_img, window, spec.chip_size)
         if blank_reason(a, c):
             continue
         ids.append(f"{path.stem.replace('_post_disaster', '')}:{b.uid}")

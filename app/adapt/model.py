@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from app.adapt.fit import (
-    METADATA_KEY,
     METHODS,
     SELECTION,
     UNLABELLED_PSEUDO_COUNT,
@@ -25,6 +24,7 @@ from app.adapt.fit import (
     AdaptError,
     adapt_head,
 )
+from runtime.head import METADATA_KEY
 
 # --------------------------------------------------------------------------------------------
 # the model file
@@ -279,16 +279,3 @@ def adapt_model(
     )
     write_adapted(predictor.path, out, block)
     return AdaptResult(Path(out), block, embed_seconds, adaptation.seconds)
-
-
-def adaptation_summary(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The ``adaptation`` block of a model's metadata without the head's weights (for model
-    cards), or None when the model was not adapted."""
-    block = (metadata or {}).get(METADATA_KEY)
-    if not isinstance(block, Mapping):
-        return None
-    out = {k: v for k, v in block.items() if k != "head"}
-    head = block.get("head")
-    if isinstance(head, Mapping):
-        out["base_temperature"] = head.get("base_temperature")
-    return out

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.adapt.fit import unit
+from runtime.head import unit
 
 #: Exponent of the distance term: 0 ranks without it, larger spreads the picks more.
 DIVERSITY = 1.0

@@ -45,7 +45,7 @@ def require_localizer(localizer, what: str):
             the file is not a valid localiser.
     """
     from data_prep.mosaic import SceneError
-    from runtime.predictor import ModelError
+    from runtime.contract import ModelError
 
     if localizer is not None:
         return localizer
@@ -233,8 +233,8 @@ def cli_localizer(path: str | None):
     why there is none."""
     import sys
 
+    from runtime.contract import ModelError
     from runtime.localizer import load_localizer
-    from runtime.predictor import ModelError
 
     try:
         return load_localizer(path)
@@ -263,14 +263,14 @@ def _app_localizer(path: str):
 
 def app_localizer(models_dir: str | os.PathLike | None = None):
     """The web app's localiser: ``localizer.onnx`` of the app's models folder, else the default
-    one (:func:`runtime.localizer.default_localizer`); loaded once.
+    one (:func:`runtime.registry.default_localizer`); loaded once.
 
     Raises:
         AppError: none available (saying how to get one), or not a valid localiser.
     """
     from app.web.sessions import AppError
-    from runtime.localizer import LOCALIZER_NAME, default_localizer
-    from runtime.predictor import ModelError
+    from runtime.contract import ModelError
+    from runtime.registry import LOCALIZER_NAME, default_localizer
 
     path = None
     if models_dir is not None and (Path(models_dir) / LOCALIZER_NAME).is_file():
@@ -312,7 +312,7 @@ def cli_batch_localizer(path: str | None, scenes) -> tuple[bool, object]:
     """``(ok, localizer)`` for ``score-batch``: the localiser when some scene has no footprints
     and one is given or bundled (None otherwise: those scenes then fail with a message saying
     how to get one, and the rest are scored); ``ok`` False when a given file is not usable."""
-    from runtime.localizer import default_localizer
+    from runtime.registry import default_localizer
 
     if not any(s.buildings is None for s in scenes) or not (path or default_localizer()):
         return True, None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
 from data_prep.store import atomic_path
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ FLAGGED_COLOUR = (230, 0, 230)  # magenta
 FLAGGED_LABEL = "flagged: check"
 
 
-class OutputError(ValueError):
+class OutputError(LocalDamageError, ValueError):
     """An output path that cannot be used; the message names it and says what is accepted."""
 
 

@@ -148,7 +148,7 @@ def score_xbd(
     from data_prep.quality import blank_reason
     from data_prep.report import PrepareReport
     from data_prep.residual import image_context_residual
-    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.windows import chip_window, cut_pair
     from data_prep.xbd import parse_buildings, read_tile_pair
 
     start = time.perf_counter()
@@ -247,8 +247,7 @@ def score_xbd(
             scores.status[row] = NOT_COVERED
             continue
         window = chip_window(b.centroid, b.bbox, spec)
-        pre_chip = resize_chip(crop_boundless(pre_img, window), spec.chip_size)
-        post_chip = resize_chip(crop_boundless(post_img, window), spec.chip_size)
+        pre_chip, post_chip = cut_pair(pre_img, post_img, window, spec.chip_size)
         blank = blank_reason(pre_chip, post_chip)
         if blank:
             scores.skip(row, blank)

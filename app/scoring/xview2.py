@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
+
 if TYPE_CHECKING:
     from data_prep.xbd import XbdTile
     from runtime.predictor import Predictor
@@ -44,7 +46,7 @@ PUBLISHED = {
 }
 
 
-class XView2EvaluationError(ValueError):
+class XView2EvaluationError(LocalDamageError, ValueError):
     """Input that cannot be scored: names the file or option at fault and what to do."""
 
 

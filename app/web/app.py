@@ -104,7 +104,7 @@ def model_choices(
     """Model files the picker offers: ``extra`` (``--model``) first, then ``models_dir/*.onnx``,
     then the models adapted in the app (``work_dir/models/*.onnx``, when ``work_dir`` is given)."""
     from app.web.adapt_panel import MODELS_FOLDER
-    from runtime.predictor import list_models
+    from runtime.registry import list_models
 
     paths = [str(Path(extra).resolve())] if extra else []
     folders = [Path(models_dir)] + ([Path(work_dir) / MODELS_FOLDER] if work_dir else [])
@@ -136,7 +136,8 @@ class ModelCache:
         Raises:
             AppError: no model chosen, a path that is not offered, or not a valid model.
         """
-        from runtime.predictor import ModelError, Predictor
+        from runtime.contract import ModelError
+        from runtime.predictor import Predictor
 
         if not path:
             raise AppError("no model chosen; put .onnx files in models/ or start with --model")
@@ -166,7 +167,7 @@ def make_examples(folder: str | os.PathLike, seed: int = 0) -> dict[str, list[li
     from data_prep.report import PrepareReport
     from data_prep.spec import ChipSpec
     from data_prep.synthetic import make_xbd, tile_name
-    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.windows import chip_window, cut_chip
     from data_prep.xbd import parse_buildings, read_tile_image
 
     folder = Path(folder)
@@ -186,7 +187,7 @@ def make_examples(folder: str | os.PathLike, seed: int = 0) -> dict[str, list[li
         window = chip_window(b.centroid, b.bbox, spec)
         pair = []
         for phase, image in zip(("pre", "post"), images, strict=True):
-            chip = resize_chip(crop_boundless(image, window), spec.chip_size)
+            chip = cut_chip(image, window, spec.chip_size)
             path = folder / "chips" / f"{b.uid[:8]}_{phase}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(path), cv2.cvtColor(chip, cv2.COLOR_RGB2BGR))

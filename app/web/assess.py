@@ -440,7 +440,7 @@ def building_chips(
     Raises:
         AppError: no assessment in ``session`` or no such building.
     """
-    from data_prep.windows import chip_window, crop_boundless, resize_chip
+    from data_prep.windows import chip_window, cut_chip, resize_chip
 
     info = read_session(session)
     row = check_row(info, row)
@@ -458,7 +458,7 @@ def building_chips(
             raise AppError(f"building #{row} (uid {uid}) has no usable polygon")
         window = chip_window(match[0].centroid, match[0].bbox, spec)
         chips = [
-            resize_chip(crop_boundless(image, window), spec.chip_size)
+            cut_chip(image, window, spec.chip_size)
             for image in read_tile_pair(info["pre"], info["post"])
         ]
         return chips[0], chips[1]

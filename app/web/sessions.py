@@ -19,13 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
+
 #: File of an assessment folder that records its inputs.
 SESSION_FILE = "session.json"
 #: File of an assessment folder that records the analyst's corrections by table row.
 CORRECTIONS_FILE = "corrections.json"
 
 
-class AppError(ValueError):
+class AppError(LocalDamageError, ValueError):
     """Input the app cannot use; the message names the file and the problem."""
 
 

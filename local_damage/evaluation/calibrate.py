@@ -225,10 +225,10 @@ def calibrate_model(
 
     from local_damage.evaluation.evaluate import select_chips, warn_spec_mismatch
     from local_damage.evaluation.scorers import OnnxScorer
-    from local_damage.export.model import save_onnx, set_metadata
     from local_damage.metrics import calibration_metrics
     from runtime import flags
     from runtime.calibration import METADATA_KEY, calibration_block, fit_temperature
+    from runtime.contract import save_onnx, set_metadata
     from runtime.predictor import Predictor, softmax
 
     model, chips, out = Path(model), Path(chips), Path(out)

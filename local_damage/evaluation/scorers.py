@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from data_prep.errors import LocalDamageError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 METRICS_JSON = "metrics.json"
 
 
-class EvaluationError(ValueError):
+class EvaluationError(LocalDamageError, ValueError):
     """Input that cannot be evaluated: names the file at fault and what to do."""
 
 

@@ -24,12 +24,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from data_prep.errors import LocalDamageError
+
 CV_RESULTS = "cv_results.json"
 #: Exceptions that fail one fold without stopping the others.
 FOLD_ERRORS = (FileNotFoundError, ValueError, KeyError, RuntimeError)
 
 
-class CrossValidationError(ValueError):
+class CrossValidationError(LocalDamageError, ValueError):
     """Arguments that make the whole cross-validation impossible (bad config, no splits...)."""
 
 

@@ -46,12 +46,19 @@ from typing import Any
 
 import numpy as np
 
-#: Version of the model file layout (inputs, outputs and metadata props) that app/ reads.
-FORMAT_VERSION = 1
-INPUT_NAMES = ("pre", "post")
-OUTPUT_NAMES = ("logits", "embedding")
-#: Optional third output: the latent feature-correlation map ``[N, 1, S, S]`` (Sec. 3.4).
-CHANGE_MAP = "change_map"
+from data_prep.errors import LocalDamageError
+from runtime.contract import (
+    CHANGE_MAP,
+    CPU_ONLY,
+    FORMAT_VERSION,
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    open_session,
+    read_metadata,
+    save_onnx,
+    set_metadata,
+)
+
 DEFAULT_OPSET = 17
 #: Largest accepted |logit| difference between ONNX Runtime fp32 and PyTorch.
 LOGIT_TOLERANCE = 1e-4
@@ -65,7 +72,7 @@ SYNTHETIC_EVENT_PREFIX = "synthetic-"
 INT8_METHODS = ("static", "dynamic")
 
 
-class ExportError(RuntimeError):
+class ExportError(LocalDamageError, RuntimeError):
     """An export that cannot be done or failed its parity check; the message says why."""
 
 
@@ -113,42 +120,6 @@ def output_names(model, change_map: bool = False) -> tuple[str, ...]:
     if change_map and getattr(model, "latent", None) is not None:
         return (*OUTPUT_NAMES, CHANGE_MAP)
     return OUTPUT_NAMES
-
-
-def set_metadata(proto, props: Mapping[str, Any], only: bool = False) -> None:
-    """Set ``metadata_props`` of an ``onnx.ModelProto`` in place, each value as JSON text.
-
-    With ``only=True`` every other prop (e.g. notes left by the quantizer) is removed.
-    """
-    keep = [(p.key, p.value) for p in proto.metadata_props if p.key not in props and not only]
-    del proto.metadata_props[:]
-    for key, value in keep:
-        proto.metadata_props.add(key=key, value=value)
-    for key, value in props.items():
-        proto.metadata_props.add(key=str(key), value=json.dumps(value, default=str))
-
-
-def read_metadata(proto) -> dict[str, Any]:
-    """``metadata_props`` of an ``onnx.ModelProto`` parsed as JSON (raw text where not JSON)."""
-    out: dict[str, Any] = {}
-    for p in proto.metadata_props:
-        try:
-            out[p.key] = json.loads(p.value)
-        except json.JSONDecodeError:
-            out[p.key] = p.value
-    return out
-
-
-def save_onnx(proto, path: Path) -> Path:
-    """Check and write an ONNX model atomically."""
-    import onnx
-
-    from data_prep.store import atomic_path
-
-    onnx.checker.check_model(proto)
-    with atomic_path(path, suffix=".onnx") as tmp:
-        onnx.save(proto, str(tmp))
-    return path
 
 
 def export_onnx(
@@ -365,20 +336,6 @@ def convert_fp16(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 # --------------------------------------------------------------------------------------------
 # Running both sides
-
-
-def ort_session(path: str | os.PathLike, threads: int | None = None, providers=None):
-    """An onnxruntime ``InferenceSession`` with all graph optimisations (CPU unless told)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        options.intra_op_num_threads = int(threads)
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(
-        str(path), options, providers=list(providers or ["CPUExecutionProvider"])
-    )
 
 
 def ort_outputs(
@@ -780,7 +737,7 @@ def export_run(
         fp32_path = Path(tmp) / "fp32.onnx"
         export_onnx(info.model, fp32_path, size, props, opset, change_map=change_map)
         t_logits, t_emb = torch_outputs(info.model, pre, post)
-        session = ort_session(fp32_path, threads)
+        session = open_session(fp32_path, CPU_ONLY, threads)[0]
         o_logits, o_emb = ort_outputs(session, pre, post)
         del session
         logit_diff = float(np.abs(t_logits - o_logits).max(initial=0.0))
@@ -827,7 +784,7 @@ def export_run(
             else:
                 convert_fp16(fp32_path, final)
                 method = "fp16 weights and activations (float16 converter of onnxruntime)"
-            v_logits, _ = ort_outputs(ort_session(final, threads), pre, post)
+            v_logits, _ = ort_outputs(open_session(final, CPU_ONLY, threads)[0], pre, post)
             report[precision] = variant_report(o_logits, v_logits, labels, class_names, method)
         import onnx
 

@@ -121,9 +121,9 @@ def onnx_model(path: str | os.PathLike, threads: int | None = None):
     """``(model function, metadata)`` of an exported localiser run by ONNX Runtime on the CPU."""
     import onnx
 
-    from local_damage.export.model import ort_session, read_metadata
+    from runtime.contract import CPU_ONLY, open_session, read_metadata
 
-    session = ort_session(path, threads=threads)
+    session = open_session(path, CPU_ONLY, threads)[0]
     meta = read_metadata(onnx.load(str(path), load_external_data=False))
     if meta.get("task") != "localize":
         raise ValueError(f"{path}: not a localiser model (metadata task is {meta.get('task')!r})")

@@ -33,16 +33,19 @@ from local_damage.export.model import (
     DEFAULT_OPSET,
     SYNTHETIC_EVENT_PREFIX,
     XBD_CREDIT,
-    ort_session,
     quantize_int8,
+)
+from runtime.contract import (
+    CPU_ONLY,
+    FORMAT_VERSION,
+    LOCALIZE_TASK,
+    LOCALIZER_INPUT,
+    LOCALIZER_OUTPUT,
+    open_session,
     save_onnx,
     set_metadata,
 )
 
-FORMAT_VERSION = 1
-TASK = "localize"
-INPUT_NAME = "image"
-OUTPUT_NAME = "building"
 #: Largest accepted |probability| difference between ONNX Runtime fp32 and PyTorch.
 PROB_TOLERANCE = 1e-4
 #: The licence a localiser trained on xBD carries (SPDX identifier).
@@ -103,9 +106,9 @@ def export_graph(
                 wrapper,
                 (dummy,),
                 str(raw),
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: axes},
+                input_names=[LOCALIZER_INPUT],
+                output_names=[LOCALIZER_OUTPUT],
+                dynamic_axes={LOCALIZER_INPUT: axes, LOCALIZER_OUTPUT: axes},
                 opset_version=int(opset),
                 do_constant_folding=True,
                 dynamo=False,
@@ -126,7 +129,7 @@ class _WindowReader:
         if self.i >= len(self.windows):
             return None
         self.i += 1
-        return {INPUT_NAME: self.windows[self.i - 1][None]}
+        return {LOCALIZER_INPUT: self.windows[self.i - 1][None]}
 
     def rewind(self) -> None:
         self.i = 0
@@ -222,7 +225,7 @@ def export_localizer(
     )
     metadata = {
         "format_version": FORMAT_VERSION,
-        "task": TASK,
+        "task": LOCALIZE_TASK,
         "created_by": f"local-damage {__version__}",
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "tile_size": tile_size,
@@ -261,11 +264,11 @@ def export_localizer(
     with tempfile.TemporaryDirectory(prefix="localize-export-") as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         export_graph(net, fp32, metadata, opset, cfg.model.flip_tta)
-        session = ort_session(fp32)
+        session = open_session(fp32, CPU_ONLY)[0]
         diffs = []
         for x in (window, small):
             ref = run_torch(x[None])
-            got = session.run([OUTPUT_NAME], {INPUT_NAME: x[None]})[0]
+            got = session.run([LOCALIZER_OUTPUT], {LOCALIZER_INPUT: x[None]})[0]
             diffs.append(float(np.abs(ref - got).max()))
         parity: dict[str, Any] = {
             "tile": names[0],
@@ -287,8 +290,10 @@ def export_localizer(
                     calib.append(np.ascontiguousarray(img[:h, :w]))
             final = Path(tmp) / "int8.onnx"
             quantize_localizer(fp32, final, calib, method=int8_method)
-            q = ort_session(final).run([OUTPUT_NAME], {INPUT_NAME: window[None]})[0]
-            f = session.run([OUTPUT_NAME], {INPUT_NAME: window[None]})[0]
+            q = open_session(final, CPU_ONLY)[0].run(
+                [LOCALIZER_OUTPUT], {LOCALIZER_INPUT: window[None]}
+            )[0]
+            f = session.run([LOCALIZER_OUTPUT], {LOCALIZER_INPUT: window[None]})[0]
             t = float(op["threshold"])
             parity.update(
                 int8_method=int8_method,

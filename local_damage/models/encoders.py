@@ -27,6 +27,8 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from data_prep.errors import LocalDamageError
+
 #: Number of encoder stages requested from smp; the paper's 4 blocks are feature indices 2..5.
 ENCODER_DEPTH = 5
 #: File suffixes read with ``torch.load(weights_only=True)``.
@@ -39,7 +41,7 @@ _PREFIXES = ("module.", "encoder.")
 _PROBE_TIMEOUT_S = 5.0
 
 
-class WeightsUnavailableError(RuntimeError):
+class WeightsUnavailableError(LocalDamageError, RuntimeError):
     """Hub weights were asked for but are neither cached nor downloadable from this machine."""
 
 

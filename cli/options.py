@@ -1,0 +1,183 @@
+"""Options shared by the commands, so one concept has one flag everywhere.
+
+- ``--xbd ROOT``: an xBD root (``images/`` and ``labels/``); ``--root`` is accepted as its alias.
+- ``--model MODEL.onnx``: an exported damage model; ``--chips CHIPS`` / ``--fold K``: a chip store
+  and one of its folds; ``--out``: where results go.
+- ``--json`` (print the result as JSON) and ``--quiet`` (no progress bars, warnings only) on
+  every command that reports.
+- ``--max-pixels``, ``--align``, ``--workers`` / ``--scheduler`` and the chip spec, each with
+  one help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_spec_args(parser: argparse.ArgumentParser) -> None:
+    from data_prep.spec import ChipSpec
+
+    d = ChipSpec()
+    parser.add_argument(
+        "--chip-size",
+        type=int,
+        default=d.chip_size,
+        metavar="N",
+        help=f"side of the stored chips in pixels (default {d.chip_size})",
+    )
+    parser.add_argument(
+        "--context",
+        type=float,
+        default=d.context,
+        metavar="F",
+        help=f"window side as a multiple of the footprint's longest bbox side (default {d.context})",
+    )
+    parser.add_argument(
+        "--min-size",
+        type=int,
+        default=d.min_size,
+        metavar="PX",
+        help=f"smallest window side in source pixels (default {d.min_size})",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit non-zero when any input was skipped"
+    )
+
+
+def _pixel_count(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, got {text}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def align_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--align`` (shared by `prepare scene`, `score` and `score-batch`)."""
+    from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
+
+    parser.add_argument(
+        "--align",
+        choices=ALIGN_MODES,
+        default=AUTO,
+        help="auto (default): measure the post-to-pre shift (phase correlation in blocks of the "
+        f"pre grid) and, when it is confident and longer than {MIN_CORRECT_PX:g} px, correct the "
+        "post imagery before chips are cut; the shift is reported either way. off: use the post "
+        "imagery as given",
+    )
+
+
+def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = None) -> None:
+    """Add ``--max-pixels`` (shared by `prepare`, `score`, `score-batch` and `app`)."""
+    from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV
+
+    parser.add_argument(
+        "--max-pixels",
+        type=_pixel_count,
+        metavar="N",
+        help="refuse, before decoding, any image, internal block or read window of more pixels "
+        f"(default: ${MAX_PIXELS_ENV}, else {default or MAX_PIXELS:_})",
+    )
+
+
+def resolve_max_pixels(args: argparse.Namespace) -> int | None:
+    """The pixel limit of a command, or None after printing why the environment's is unusable."""
+    from data_prep.quality import max_pixels
+
+    try:
+        return max_pixels(args.max_pixels)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
+    """``--workers`` and ``--scheduler`` (:mod:`data_prep.engine`); ``jobs`` names the unit."""
+    from data_prep.engine import SCHEDULER_ENV
+
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"worker processes of the embedded Dask cluster, one job per {jobs} (default: one "
+        "per CPU core; 1 runs in this process)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help=f"run on an existing Dask cluster, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV} "
+        "when set, else the embedded cluster); its workers must see the same paths",
+    )
+
+
+def add_xbd_args(
+    parser: argparse.ArgumentParser,
+    required: bool = True,
+    repeatable: bool = False,
+    help: str = "xBD root: images/ and labels/ (or its split folders)",
+    group=None,
+) -> None:
+    """``--xbd ROOT`` (alias ``--root``, the earlier name in `prepare`, `localize` and
+    `evaluate xview2`): one xBD root, or with ``repeatable`` one per use (``args.xbd`` a list)."""
+    (group or parser).add_argument(
+        "--xbd",
+        "--root",
+        dest="xbd",
+        metavar="ROOT",
+        required=required,
+        action="append" if repeatable else "store",
+        help=help + (" (repeatable)" if repeatable else "") + "; --root is the same",
+    )
+
+
+def add_model_args(
+    parser: argparse.ArgumentParser,
+    required: bool = False,
+    help: str = "damage model from `local-damage export` (default: the bundled models/default.onnx)",
+    group=None,
+) -> None:
+    """``--model MODEL.onnx``: an exported damage model."""
+    (group or parser).add_argument("--model", metavar="MODEL.onnx", required=required, help=help)
+
+
+def add_chips_args(
+    parser: argparse.ArgumentParser,
+    required: bool = True,
+    fold: bool = True,
+    fold_help: str = "use fold K of CHIPS/splits.csv",
+    group=None,
+) -> None:
+    """``--chips CHIPS`` (a chip store of `local-damage prepare`) and, with ``fold``, ``--fold K``."""
+    (group or parser).add_argument(
+        "--chips",
+        metavar="CHIPS",
+        required=required,
+        help="chip store folder (`local-damage prepare`)",
+    )
+    if fold:
+        parser.add_argument("--fold", type=int, metavar="K", help=fold_help)
+
+
+def add_output_args(
+    parser: argparse.ArgumentParser,
+    required: bool = True,
+    metavar: str = "DIR",
+    help: str = "output folder",
+) -> None:
+    """``--out``: where the command writes its results."""
+    parser.add_argument("--out", metavar=metavar, required=required, help=help)
+
+
+def add_report_args(parser: argparse.ArgumentParser, json: bool = True, quiet: bool = True) -> None:
+    """``--json`` (the result as JSON on standard output) and ``--quiet`` (no progress bars;
+    only warnings and errors on standard error)."""
+    if json:
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    if quiet:
+        parser.add_argument(
+            "--quiet", action="store_true", help="no progress bars; only warnings and errors"
+        )
