@@ -23,7 +23,6 @@ def model_choices(
 ) -> list[str]:
     """Model files the picker offers: ``extra`` (``--model``) first, then ``models_dir/*.onnx``,
     then the models adapted in the app (``work_dir/models/*.onnx``, when ``work_dir`` is given)."""
-
     paths = [str(Path(extra).resolve())] if extra else []
     folders = [Path(models_dir)] + ([Path(work_dir) / MODELS_FOLDER] if work_dir else [])
     for p in (p for folder in folders for p in list_models(folder)):
@@ -54,7 +53,6 @@ class ModelCache:
         Raises:
             AppError: no model chosen, a path that is not offered, or not a valid model.
         """
-
         if not path:
             raise AppError("no model chosen; put .onnx files in models/ or start with --model")
         if path not in self.allowed:
