@@ -6,7 +6,27 @@ import argparse
 import json
 import sys
 
-from cli.options import align_argument
+from app.adapt.fit import METHODS, UNLABELLED_RULES
+from app.adapt.labelled import (
+    LabelError,
+    concat,
+    from_chip_store,
+    from_corrections,
+    from_scene,
+    from_session,
+    from_xbd,
+)
+from app.adapt.model import adapt_model, format_adaptation
+from app.adapt.suggest import COLUMNS, suggest, write_suggestions
+from cli.options import (
+    add_chips_args,
+    add_model_args,
+    add_output_args,
+    add_report_args,
+    align_argument,
+)
+from runtime.predictor import Predictor
+from runtime.registry import default_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,11 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "and writes the ranking as CSV. See docs/adapt.md."
         ),
     )
-    p.add_argument("--model", metavar="ONNX", help="base model (default: the bundled model)")
-    p.add_argument("--chips", metavar="CHIPS", help="chip store (manifest.csv + shards)")
-    p.add_argument(
-        "--fold", type=int, metavar="K", help="with --chips: only fold K of CHIPS/splits.csv"
-    )
+    add_model_args(p, help="base model (default: the bundled model)")
+    add_chips_args(p, required=False, fold_help="with --chips: only fold K of CHIPS/splits.csv")
     p.add_argument(
         "--event",
         metavar="NAME",
@@ -71,16 +88,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "corrections.json), its corrections.json or a file under its corrections/ folder; "
         "several accumulate; with --suggest, the tile's uncorrected buildings are ranked",
     )
-    p.add_argument("--out", metavar="NAME.onnx", help="adapted model to write")
+    add_output_args(p, required=False, metavar="NAME.onnx", help="adapted model to write")
     p.add_argument(
         "--heads",
-        default=",".join(_methods()),
+        default=",".join(METHODS),
         metavar="LIST",
-        help=f"comma-separated heads to try (default {','.join(_methods())})",
+        help=f"comma-separated heads to try (default {','.join(METHODS)})",
     )
     p.add_argument(
         "--unlabelled",
-        choices=_rules(),
+        choices=UNLABELLED_RULES,
         default="discount",
         help="classes without a label: discount their base probability by how often the base "
         "model expected them among the labelled buildings (default), or keep it exactly "
@@ -100,21 +117,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the k-fold split (default 0)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="pairs per batch")
-    p.add_argument("--json", action="store_true", help="print the adaptation block as JSON")
+    add_report_args(p)
     align_argument(p)
     p.set_defaults(func=run)
-
-
-def _methods() -> tuple[str, ...]:
-    from app.adapt.fit import METHODS
-
-    return METHODS
-
-
-def _rules() -> tuple[str, ...]:
-    from app.adapt.fit import UNLABELLED_RULES
-
-    return UNLABELLED_RULES
 
 
 def read_inputs(args: argparse.Namespace, predictor):
@@ -123,16 +128,6 @@ def read_inputs(args: argparse.Namespace, predictor):
     Raises:
         LabelError: an unusable input, or options that do not go together.
     """
-    from app.adapt.labelled import (
-        LabelError,
-        concat,
-        from_chip_store,
-        from_corrections,
-        from_scene,
-        from_session,
-        from_xbd,
-    )
-
     names, spec = predictor.class_names, predictor.spec
     parts = []
     if args.chips:
@@ -184,13 +179,7 @@ def read_inputs(args: argparse.Namespace, predictor):
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.adapt.fit import AdaptError
-    from app.adapt.labelled import LabelError
-    from app.adapt.model import adapt_model, format_adaptation
-    from runtime.contract import ModelError
-    from runtime.predictor import Predictor
-    from runtime.registry import default_model
-
+    """Adapt the model (``--out``) and/or rank the buildings to label next (``--suggest``)."""
     if args.out is None and args.suggest is None:
         print("error: give --out (the adapted model) and/or --suggest N", file=sys.stderr)
         return 2
@@ -198,20 +187,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --suggest must be at least 1, got {args.suggest}", file=sys.stderr)
         return 2
     heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
-    try:
-        predictor = Predictor(args.model if args.model else default_model())
-        buildings = read_inputs(args, predictor)
-        if args.out is not None:
-            result = adapt_model(
-                predictor,
-                buildings,
-                args.out,
-                heads,
-                args.batch_size,
-                args.seed,
-                args.unlabelled,
-            )
-            block = result.block
+    predictor = Predictor(args.model if args.model else default_model())
+    buildings = read_inputs(args, predictor)
+    if args.out is not None:
+        result = adapt_model(
+            predictor,
+            buildings,
+            args.out,
+            heads,
+            args.batch_size,
+            args.seed,
+            args.unlabelled,
+        )
+        block = result.block
+        if not args.quiet:
             print(format_adaptation(block), file=sys.stderr)
             print(
                 f"fit: {result.fit_seconds:.3f} s for {block['labels']['n']} labels "
@@ -220,21 +209,15 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             print(f"wrote {result.out}", file=sys.stderr)
-            if args.json:
-                print(json.dumps(block, indent=1))
-            predictor = Predictor(result.out)
-        if args.suggest is not None:
-            _suggest(args, predictor, buildings)
-    except (LabelError, AdaptError, ModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if args.json:
+            print(json.dumps(block, indent=1))
+        predictor = Predictor(result.out)
+    if args.suggest is not None:
+        _suggest(args, predictor, buildings)
     return 0
 
 
 def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
-    from app.adapt.labelled import LabelError
-    from app.adapt.suggest import COLUMNS, suggest, write_suggestions
-
     unlabelled = int((~buildings.labelled).sum())
     if unlabelled == 0:
         raise LabelError(
@@ -246,7 +229,11 @@ def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
     rows = suggest(predictor, buildings, args.suggest, batch_size=args.batch_size)
     if args.suggest_out:
         write_suggestions(args.suggest_out, rows)
-        print(f"wrote {args.suggest_out} ({len(rows)} of {unlabelled} unlabelled)", file=sys.stderr)
+        if not args.quiet:
+            print(
+                f"wrote {args.suggest_out} ({len(rows)} of {unlabelled} unlabelled)",
+                file=sys.stderr,
+            )
         return
     print(",".join(COLUMNS))
     for r in rows:

@@ -312,3 +312,30 @@ def test_card_and_cli_parser(score_model, tmp_path, capsys):
     bad = tmp_path / "bad.onnx"
     bad.write_text("nope")
     assert main(["app", "--model", str(bad)]) == 2
+
+
+def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):
+    """The functions the app's events call, without Gradio: the tile graded, a building's chips
+    at display size, a correction saved; the analyst's mistakes raise AppError."""
+    from app.web.assess import DISPLAY_SIZE
+    from app.web.callbacks import AppContext, on_assess_tile, on_chips, on_correct, on_model
+    from app.web.model_picker import ModelCache
+    from app.web.sessions import AppError
+
+    pre, post, label = (str(p) for p in xbd_tile[:3])  # Gradio passes paths as text
+    n = xbd_tile[3]
+    model = str(score_model.resolve())
+    ctx = AppContext(ModelCache([model]), tmp_path / "work")
+    assert "training data:" in on_model(ctx, model)
+    assert on_model(ctx, None).startswith("**Model not usable:**")
+    overlay, summary, table, files, session = on_assess_tile(ctx, model, pre, post, label)
+    assert Path(overlay).is_file() and f"**{n} buildings**" in summary and len(table) == n
+    assert len(files) == 2 and Path(session).parent == tmp_path / "work" / "sessions"
+    chip_pre, chip_post = on_chips(ctx, session, model, 0)
+    assert chip_pre.shape == chip_post.shape == (DISPLAY_SIZE, DISPLAY_SIZE, 3)
+    message, path = on_correct(session, 0, "destroyed")
+    assert "building #0 is **destroyed**" in message and Path(path).is_file()
+    with pytest.raises(AppError, match="upload the post file"):
+        on_assess_tile(ctx, model, pre, None, label)
+    with pytest.raises(AppError, match="assess a tile first"):
+        on_chips(ctx, None, model, 0)

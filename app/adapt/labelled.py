@@ -24,8 +24,20 @@ from pathlib import Path
 
 import numpy as np
 
+from app.scoring.scene import bounded_gdal_cache
+from data_prep.alignment import align_images, align_scene
 from data_prep.errors import LocalDamageError
+from data_prep.footprints import load_footprints
+from data_prep.imagery import ImageError
+from data_prep.mosaic import SceneError, open_scene
+from data_prep.quality import blank_reason
+from data_prep.report import PrepareReport
+from data_prep.scene import CHIP, check_overlap, iter_building_chips, pixel_centroids
 from data_prep.spec import ChipSpec
+from data_prep.split import fold_indices
+from data_prep.store import MANIFEST, ChipReader, read_manifest
+from data_prep.windows import chip_window, cut_pair
+from data_prep.xbd import parse_buildings, read_tile_pair
 
 #: Manifest columns a chip store must have to give labelled chips.
 STORE_COLUMNS = ("chip_id", "event", "label", "pre_file", "post_file", "index")
@@ -144,8 +156,6 @@ def from_chip_store(
     """
     import csv
 
-    from data_prep.store import MANIFEST, ChipReader, read_manifest
-
     root = Path(chips)
     path = root / MANIFEST
     if not path.is_file():
@@ -164,8 +174,6 @@ def from_chip_store(
         raise LabelError(f"{path}: not a readable manifest ({exc})") from exc
     what = str(root)
     if fold is not None:
-        from data_prep.split import fold_indices
-
         try:
             wanted = set(fold_indices(root, fold)[1])
         except (FileNotFoundError, ValueError) as exc:
@@ -231,13 +239,6 @@ def from_scene(
     Raises:
         LabelError: a missing or unreadable file, a missing label attribute, an unknown class.
     """
-    from app.scoring.scene import bounded_gdal_cache
-    from data_prep.alignment import align_scene
-    from data_prep.footprints import load_footprints
-    from data_prep.imagery import ImageError
-    from data_prep.mosaic import SceneError, open_scene
-    from data_prep.scene import CHIP, check_overlap, iter_building_chips, pixel_centroids
-
     path = Path(buildings)
     event = event or path.stem
     ids, labels, pres, posts = [], [], [], []
@@ -293,13 +294,6 @@ def from_xbd(
     Raises:
         LabelError: a missing or unreadable file, an unknown subtype.
     """
-    from data_prep.alignment import align_images
-    from data_prep.imagery import ImageError
-    from data_prep.quality import blank_reason
-    from data_prep.report import PrepareReport
-    from data_prep.windows import chip_window, cut_pair
-    from data_prep.xbd import parse_buildings, read_tile_pair
-
     path = Path(labels)
     if not path.is_file():
         raise LabelError(f"{path}: label file not found")

@@ -24,6 +24,7 @@ from app.adapt.fit import (
     AdaptError,
     adapt_head,
 )
+from data_prep.store import atomic_path
 from runtime.head import METADATA_KEY
 
 # --------------------------------------------------------------------------------------------
@@ -153,8 +154,6 @@ def write_adapted(
     import json
 
     import onnx
-
-    from data_prep.store import atomic_path
 
     out = Path(out)
     if out.suffix != ".onnx":

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.store import atomic_path
 from runtime.head import unit
 
 #: Exponent of the distance term: 0 ranks without it, larger spreads the picks more.
@@ -300,8 +301,6 @@ def suggest(
 
 def write_suggestions(path: str | os.PathLike, rows: Sequence[Suggestion]) -> Path:
     """Write a ranking as CSV (:data:`COLUMNS`), atomically."""
-    from data_prep.store import atomic_path
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:

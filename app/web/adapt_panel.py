@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.adapt.fit import AdaptError
+from app.adapt.labelled import LabelError, concat, from_corrections, from_session
+from app.adapt.model import adapt_model, unlabelled_text
+from app.adapt.suggest import suggest
 from app.web.sessions import (
     AppError,
     list_sessions,
@@ -31,6 +35,7 @@ from app.web.sessions import (
     session_event,
     set_event,
 )
+from data_prep.store import safe_name
 
 if TYPE_CHECKING:
     from app.adapt.labelled import Buildings
@@ -86,8 +91,6 @@ def event_labels(predictor: Predictor, work: str | os.PathLike, event: str) -> E
     Raises:
         AppError: no correction of ``event`` can be read.
     """
-    from app.adapt.labelled import LabelError, concat, from_corrections
-
     spec, names = predictor.spec, predictor.class_names
     parts, read, left_out, seen = [], [], [], set()
     for session in reversed(event_sessions(work, event)):  # newest first: its classes win
@@ -115,8 +118,6 @@ def event_labels(predictor: Predictor, work: str | os.PathLike, event: str) -> E
 
 def next_model_path(folder: str | os.PathLike, event: str) -> Path:
     """``folder/<event>-adapted-<n>.onnx`` with ``n`` one more than the largest there."""
-    from data_prep.store import safe_name
-
     stem = f"{safe_name(event)}-adapted-"
     taken = [
         int(m.group(1))
@@ -168,7 +169,6 @@ class EventAdaptation:
                 f"{base['accuracy']:.3f}), macro-F1 {chosen['macro_f1']:.3f} (base "
                 f"{base['macro_f1']:.3f}), log-loss {chosen['nll']:.3f} (base {base['nll']:.3f})"
             )
-        from app.adapt.model import unlabelled_text
 
         kept = unlabelled_text(block, "correction yet")
         if kept:
@@ -212,9 +212,6 @@ def adapt_to_event(
         AppError: no assessment, no corrections of the event, a single correction, or
             anything else :func:`app.adapt.model.adapt_model` refuses; nothing is written then.
     """
-    from app.adapt.fit import AdaptError
-    from app.adapt.model import adapt_model
-
     start = time.perf_counter()
     event = set_event(session, event) if event and event.strip() else session_event(session)
     labels = event_labels(predictor, work, event)
@@ -258,9 +255,6 @@ def suggest_next(
     Raises:
         AppError: no assessment, its imagery gone, or no uncorrected building left.
     """
-    from app.adapt.labelled import LabelError, from_session
-    from app.adapt.suggest import suggest
-
     info = read_session(session)
     event = session_event(session)
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from app.adapt.model import unlabelled_text
+
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
 
@@ -58,7 +60,6 @@ def _adaptation_text(block: Any) -> str:
             f"(base {_text(base.get('accuracy'))}), macro-F1 {_text(chosen.get('macro_f1'))} "
             f"(base {_text(base.get('macro_f1'))})"
         )
-    from app.adapt.model import unlabelled_text
 
     kept = unlabelled_text(block)
     if kept:

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from app.scoring.outputs import write_vector
 from data_prep.errors import LocalDamageError
+from data_prep.store import atomic_path, safe_name
 
 #: File of an assessment folder that records its inputs.
 SESSION_FILE = "session.json"
@@ -37,8 +39,6 @@ class AppError(LocalDamageError, ValueError):
 
 def write_json(path: Path, data: Any) -> Path:
     """Write ``data`` as JSON to ``path``, atomically."""
-    from data_prep.store import atomic_path
-
     with atomic_path(path, suffix=".json") as tmp:
         tmp.write_text(json.dumps(data, indent=1))
     return path
@@ -168,8 +168,6 @@ def _write_xbd_corrections(info: dict, corrections: dict, path: Path) -> None:
 def _write_vector_corrections(info: dict, corrections: dict, path: Path) -> None:
     from pyogrio.raw import read
 
-    from app.scoring.outputs import write_vector
-
     vector = Path(info["vector"])
     meta, _, wkb, values = read(str(vector))
     import shapely
@@ -195,8 +193,6 @@ def _write_vector_corrections(info: dict, corrections: dict, path: Path) -> None
 def tile_event(mode: str, footprints: str | os.PathLike, scene: str) -> str:
     """The event a tile belongs to, by default: an xBD label's ``metadata.disaster``, else the
     xBD tile name without its number (``<event>_<id>``), else the scene name."""
-    from data_prep.store import safe_name
-
     if mode == "xbd":
         try:
             disaster = json.loads(Path(footprints).read_text()).get("metadata", {}).get("disaster")
@@ -223,8 +219,6 @@ def set_event(session: str | os.PathLike, event: str) -> str:
     Raises:
         AppError: no assessment in ``session`` or an empty event name.
     """
-    from data_prep.store import safe_name
-
     if not event or not event.strip():
         raise AppError("the event name is empty; type the event these tiles belong to")
     info = read_session(session)

@@ -1,0 +1,231 @@
+"""The functions the web app's events call, as plain functions (:mod:`app.web.events` binds them).
+
+Each takes the :class:`AppContext` of the app (where it has one) and the values of the event's
+input components, and returns the values of its output components; a mistake of the analyst
+raises :class:`~app.web.sessions.AppError`, which the app shows as a message.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from app.scoring.detect import app_localizer
+from app.web.adapt_panel import adapt_to_event, suggest_next
+from app.web.assess import DISPLAY_SIZE, SUGGEST_COLUMNS, assess_chip, assess_tile, building_chips
+from app.web.model_card import card_markdown
+from app.web.model_picker import ModelCache
+from app.web.sessions import (
+    AppError,
+    carry_corrections,
+    read_session,
+    save_correction,
+    session_event,
+    set_event,
+)
+
+#: The heatmap's note when the model has a change map, and when it has none.
+HEATMAP_NOTE = (
+    "Heatmap: the latent feature-correlation map (channel-averaged pre/post feature "
+    "difference), red where the model saw most change."
+)
+NO_HEATMAP_NOTE = "This model was exported without `--change-map`; showing the post chip only."
+
+
+class AppContext:
+    """What the events of one app share: the offered models, the work folder, the models folder
+    (whose localiser finds the buildings of a tile without footprints) and the pixel limit.
+
+    Args:
+        models: the offered models.
+        work: the app's work folder (assessments under ``work/sessions``, adapted models under
+            ``work/models``).
+        models_dir: the folder the picker's models come from.
+        max_pixels: pixel limit per uploaded image (None: :func:`app.web.assess.app_max_pixels`).
+    """
+
+    def __init__(
+        self,
+        models: ModelCache,
+        work: str | os.PathLike,
+        models_dir: str | os.PathLike = "models",
+        max_pixels: int | None = None,
+    ) -> None:
+        self.models = models
+        self.work = Path(work)
+        self.models_dir = models_dir
+        self.max_pixels = max_pixels
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def new_session(self) -> Path:
+        """A new assessment folder, ``work/sessions/<time>-<n>`` (not created)."""
+        with self._lock:
+            self._count += 1
+            n = self._count
+        return self.work / "sessions" / f"{time.strftime('%Y%m%d-%H%M%S')}-{n:04d}"
+
+
+def file_path(f: Any) -> str | None:
+    """The path of an uploaded file as Gradio passes it (a path, or an object with ``.name``)."""
+    if f is None:
+        return None
+    return f if isinstance(f, str) else getattr(f, "name", None) or str(f)
+
+
+def picker_choices(paths: list[str]) -> list[tuple[str, str]]:
+    """``(file name, path)`` of each model file, as the model picker lists them."""
+    return [(Path(c).name, c) for c in paths]
+
+
+def offered_models(ctx: AppContext):
+    """The model picker offering every model of the app, those adapted since it started too."""
+    import gradio as gr
+
+    return gr.Dropdown(choices=picker_choices(ctx.models.allowed))
+
+
+def on_model(ctx: AppContext, path: str | None) -> str:
+    """The model card of the chosen model, or why it cannot be used."""
+    try:
+        return card_markdown(ctx.models.get(path))
+    except AppError as exc:
+        return f"**Model not usable:** {exc}"
+
+
+def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints):
+    """Grade every building of a pre/post tile pair (xBD label JSON, GeoJSON or GeoPackage
+    footprints); returns the overlay PNG, a Markdown summary, the building table, the
+    GeoJSON/CSV files and the session folder."""
+    import pandas as pd
+
+    missing = [n for n, f in (("pre", pre), ("post", post)) if not f]
+    if missing:
+        raise AppError(f"upload the {', '.join(missing)} file(s) first")
+    predictor = ctx.models.get(model_path)
+    result = assess_tile(
+        predictor,
+        file_path(pre),
+        file_path(post),
+        file_path(footprints),
+        ctx.new_session(),
+        max_pixels=ctx.max_pixels,
+        localizer=None if footprints else app_localizer(ctx.models_dir),
+    )
+    table = pd.DataFrame(result.rows)
+    return (
+        str(result.overlay),
+        result.summary(),
+        table,
+        [str(result.vector), str(result.csv)],
+        str(result.session),
+    )
+
+
+def on_assess_chip(ctx: AppContext, model_path, pre, post):
+    """Grade one pre/post chip pair; returns class probabilities and the change heatmap."""
+    if not pre or not post:
+        raise AppError("upload both the pre and the post chip first")
+    predictor = ctx.models.get(model_path)
+    result = assess_chip(predictor, file_path(pre), file_path(post))
+    note = HEATMAP_NOTE if result.change_map is not None else NO_HEATMAP_NOTE
+    return result.probabilities, result.heatmap, f"**{result.damage}**. {note}"
+
+
+def on_chips(ctx: AppContext, session, model_path, row):
+    """The pre and post chips of building ``row``, enlarged to the display size."""
+    import cv2
+
+    if not session:
+        raise AppError("assess a tile first")
+    pre, post = building_chips(ctx.models.get(model_path), session, int(row))
+    size = (DISPLAY_SIZE, DISPLAY_SIZE)
+    return (
+        cv2.resize(pre, size, interpolation=cv2.INTER_NEAREST),
+        cv2.resize(post, size, interpolation=cv2.INTER_NEAREST),
+    )
+
+
+def on_select(ctx: AppContext, session, model_path, evt):
+    """A row of the building table clicked (``evt``: Gradio's selection): its ``#`` and chips."""
+    row_value = getattr(evt, "row_value", None)
+    row = int(row_value[0]) if row_value else int(evt.index[0])
+    return (row, *on_chips(ctx, session, model_path, row))
+
+
+def on_pick(ctx: AppContext, session, model_path, table, evt):
+    """A suggested building clicked: select it in the building table and show its chips."""
+    row_value = getattr(evt, "row_value", None)
+    if not row_value:
+        row_value = table.iloc[int(evt.index[0])].tolist()
+    row = int(row_value[SUGGEST_COLUMNS.index("#")])
+    return (row, *on_chips(ctx, session, model_path, row))
+
+
+def on_correct(session, row, damage):
+    """Save the class an analyst sets for building ``row``; returns a message and the file."""
+    if not session:
+        raise AppError("assess a tile first")
+    path = save_correction(session, int(row), damage)
+    return f"Saved: building #{int(row)} is **{damage}** in `{path}`", str(path)
+
+
+def on_assessed(session):
+    """After an assessment: its event in the Event box, no suggestions yet."""
+    import pandas as pd
+
+    return session_event(session), pd.DataFrame(columns=SUGGEST_COLUMNS)
+
+
+def on_adapt(ctx: AppContext, model_path, session, event):
+    """Adapt the chosen model to the corrections of the tile's event, offer and choose the
+    adapted model, and grade the tile again with it."""
+    import gradio as gr
+    import pandas as pd
+
+    if not session:
+        raise AppError("assess a tile and correct a few buildings first")
+    done = adapt_to_event(ctx.models.get(model_path), ctx.work, session, event)
+    path = ctx.models.add(done.model)
+    predictor = ctx.models.get(path)
+    info = read_session(session)
+    result = assess_tile(
+        predictor,
+        info["pre"],
+        info["post"],
+        info["footprints"],
+        ctx.new_session(),
+        max_pixels=ctx.max_pixels,
+        source=info.get("source", "given"),
+    )
+    set_event(result.session, done.labels.event)
+    carried = carry_corrections(session, result.session)
+    status = (
+        f"{done.status()}\n- graded the tile again with it in {result.seconds:.1f} s (the "
+        f"overlay and table now show its grades; {carried} correction(s) carried over)"
+    )
+    return (
+        gr.Dropdown(choices=picker_choices(ctx.models.allowed), value=path),
+        card_markdown(predictor),
+        status,
+        str(result.overlay),
+        result.summary(),
+        pd.DataFrame(result.rows),
+        [str(result.vector), str(result.csv)],
+        str(result.session),
+        done.labels.event,
+        pd.DataFrame(columns=SUGGEST_COLUMNS),
+    )
+
+
+def on_suggest(ctx: AppContext, model_path, session):
+    """Rank the tile's uncorrected buildings to correct next."""
+    import pandas as pd
+
+    if not session:
+        raise AppError("assess a tile first")
+    rows = suggest_next(ctx.models.get(model_path), session, work=ctx.work)
+    return pd.DataFrame(rows, columns=SUGGEST_COLUMNS)

@@ -1,0 +1,121 @@
+"""The web app's wiring: which event of :mod:`app.web.layout` calls which function of
+:mod:`app.web.callbacks`, with which components as inputs and outputs.
+
+Two events are the app's HTTP API (``/assess_tile`` and ``/assess_chip``, e.g. for
+``gradio_client``); the others are private to the page.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from app.web import callbacks as cb
+from app.web.callbacks import AppContext
+from app.web.layout import ChipTab, ModelRow, TileTab
+from app.web.sessions import AppError
+
+#: What a building's chips and a correction show as a message (a bad row number included).
+ROW_ERRORS = (AppError, ValueError, TypeError)
+#: What Adapt and Suggest show as a message (an unreadable file included).
+ADAPT_ERRORS = (AppError, ValueError, OSError)
+
+
+def bind(fn: Callable, *bound: Any, errors: tuple[type[Exception], ...] = (AppError,)) -> Callable:
+    """``fn`` as a Gradio event function: its first arguments ``bound``, the event's inputs the
+    rest, its ``errors`` shown to the analyst as a message (``gr.Error``).
+
+    The function keeps ``fn``'s name (the event's name in the app's API) and the signature of its
+    remaining parameters; a parameter named ``evt`` receives Gradio's ``SelectData``.
+    """
+    import gradio as gr
+
+    params = list(inspect.signature(fn).parameters.values())[len(bound) :]
+
+    def event(*inputs):
+        try:
+            return fn(*bound, *inputs)
+        except errors as exc:
+            raise gr.Error(str(exc), print_exception=False) from exc
+
+    event.__name__ = event.__qualname__ = fn.__name__
+    event.__doc__ = fn.__doc__
+    event.__signature__ = inspect.Signature(params)
+    # Gradio passes the selection to a parameter annotated with the class itself
+    event.__annotations__ = {"evt": gr.SelectData} if any(p.name == "evt" for p in params) else {}
+    return event
+
+
+def connect_models(demo, ctx: AppContext, models: ModelRow) -> None:
+    """The model picker shows the chosen model's card; a page opened later offers the models
+    adapted since the app started too."""
+    models.picker.change(
+        bind(cb.on_model, ctx), models.picker, models.card, api_visibility="private"
+    )
+    demo.load(lambda: cb.offered_models(ctx), None, models.picker, api_visibility="private")
+
+
+def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip: ChipTab) -> None:
+    """The events of both modes; ``session`` is the ``gr.State`` holding the assessment folder."""
+    model = models.picker
+    chips = [tile.row, tile.chip_pre, tile.chip_post]
+    tile.assess.click(
+        bind(cb.on_assess_tile, ctx),
+        [model, tile.pre, tile.post, tile.footprints],
+        [tile.overlay, tile.summary, tile.table, tile.files, session],
+        api_name="assess_tile",
+    ).success(cb.on_assessed, session, [tile.event, tile.suggestions], api_visibility="private")
+    chip.assess.click(
+        bind(cb.on_assess_chip, ctx),
+        [model, chip.pre, chip.post],
+        [chip.probabilities, chip.heatmap, chip.message],
+        api_name="assess_chip",
+    )
+    tile.table.select(
+        bind(cb.on_select, ctx, errors=ROW_ERRORS),
+        [session, model],
+        chips,
+        api_visibility="private",
+    )
+    tile.show_chips.click(
+        bind(cb.on_chips, ctx, errors=ROW_ERRORS),
+        [session, model, tile.row],
+        chips[1:],
+        api_visibility="private",
+    )
+    tile.save.click(
+        bind(cb.on_correct, errors=ROW_ERRORS),
+        [session, tile.row, tile.right_class],
+        [tile.correct_msg, tile.correct_file],
+        api_visibility="private",
+    )
+    tile.adapt.click(
+        bind(cb.on_adapt, ctx, errors=ADAPT_ERRORS),
+        [model, session, tile.event],
+        [
+            model,
+            models.card,
+            tile.adapt_msg,
+            tile.overlay,
+            tile.summary,
+            tile.table,
+            tile.files,
+            session,
+            tile.event,
+            tile.suggestions,
+        ],
+        api_visibility="private",
+    )
+    tile.suggest.click(
+        bind(cb.on_suggest, ctx, errors=ADAPT_ERRORS),
+        [model, session],
+        tile.suggestions,
+        api_visibility="private",
+    )
+    tile.suggestions.select(
+        bind(cb.on_pick, ctx, errors=ROW_ERRORS),
+        [session, model, tile.suggestions],
+        chips,
+        api_visibility="private",
+    )
