@@ -235,7 +235,7 @@ def open_tile(path: str | os.PathLike, max_pixels: int | None = None) -> Tile:
 
 
 class Mosaic:
-    """Tiles of one acquisition (pre or post) read as one raster on a :class:`Grid`.
+    """Tiles of one acquisition (pre or post) read as one raster on a :class:`data_prep.grid.Grid`.
 
     Attributes:
         name: "pre" or "post", used in messages.

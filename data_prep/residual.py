@@ -149,7 +149,6 @@ def image_context_residual(
     where they are large enough); the windows are :data:`CONTEXT_SIDE` px, or ``side`` (a large
     building's chip window) when larger. What lies past the images' edges, or outside ``valid``
     (bool ``[H, W]``: where both images hold data), is left out of the match."""
-
     w = context_window(centre, max(CONTEXT_SIDE, int(side)), pre_img.shape[:2])
     if valid is not None:
         mask = crop_boundless(valid, w)  # False past the edges

@@ -232,7 +232,6 @@ def cut_reads(
     for scoring identical to chips cut for training. With ``context`` every chip comes with its
     building's residual shift measured there (:attr:`BuildingChip.context_px`).
     """
-
     windows, bounds = buildings.windows, buildings.bounds
     for members in groups:
         c0, r0, c1, r1 = _block_extent(members, windows, bounds)

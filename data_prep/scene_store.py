@@ -185,7 +185,6 @@ def cut_part(job: PartJob) -> tuple[list[tuple[int, dict]], PrepareReport, list[
 
 def _run_parts(jobs: list[PartJob], workers, scheduler, client, progress: bool) -> list:
     """``[cut_part(job) ...]`` through :mod:`data_prep.engine`, costliest parts first."""
-
     options = dict(
         keys=[job.shard_name for job in jobs],
         costs=[len(job.buildings) for job in jobs],
