@@ -48,7 +48,7 @@ demo: install
 
 ## Chips of the xBD sample and the tile folds that hold out the default model's test tiles.
 default-chips: install
-	$(BIN)/local-damage prepare xbd --root $(XBD) --out $(DEFAULT)/chips --workers 2
+	$(BIN)/local-damage prepare xbd --xbd $(XBD) --out $(DEFAULT)/chips --workers 2
 	$(BIN)/local-damage split $(DEFAULT)/chips --folds 5 --by tile --seed $(HOLDOUT_SEED)
 
 ## The default model, end to end: prepare, split, train on every tile but the calibration fold,

@@ -26,13 +26,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.flags import fold_records, shift_chip
+from data_prep.alignment import align_images
+from data_prep.residual import (
+    CONTEXT_SIDE,
+    context_residual,
+    context_window,
+    image_context_residual,
+    residual_shift,
+)
+from data_prep.store import STORE_META, ChipReader, StoreError, read_meta
+from data_prep.windows import ChipWindow, crop_boundless, cut_pair
+from data_prep.xbd_tiles import XbdRootError, read_tile_pair
 from runtime.flags import MISALIGNED_CONTEXT_PX, MISALIGNED_PX, misaligned_flag
 
 
@@ -40,8 +51,6 @@ def moved_window(image: np.ndarray, window, dx: float, dy: float) -> np.ndarray:
     """``window`` of ``image`` after the image's content is moved by ``(dx, dy)`` pixels
     (bilinear; zero fill past the image)."""
     import cv2
-
-    from data_prep.windows import ChipWindow, crop_boundless
 
     m = int(math.ceil(max(abs(dx), abs(dy)))) + 2
     big = crop_boundless(
@@ -53,8 +62,6 @@ def moved_window(image: np.ndarray, window, dx: float, dy: float) -> np.ndarray:
 
 
 def _tile_images(roots: list[Path], tile: str):
-    from data_prep.xbd import read_tile_pair
-
     found = [
         (
             root / "images" / f"{tile}_pre_disaster.png",
@@ -64,7 +71,7 @@ def _tile_images(roots: list[Path], tile: str):
     ]
     found = [p for p in found if p[0].is_file() and p[1].is_file()]
     if not found:
-        raise FileNotFoundError(f"{tile}: pre/post images not found under {roots}")
+        raise XbdRootError(f"{tile}: pre/post images not found under {roots}")
     return read_tile_pair(*found[0])
 
 
@@ -79,26 +86,19 @@ def bench_alignment(
 ) -> dict[str, Any]:
     """Figures of the ``misaligned`` flag on a fold (or several folds together, or every chip
     with None) of an xBD chip store (see the module doc)."""
-    from bench.flags import _fold_records, shift_chip
-    from data_prep.alignment import align_images
-    from data_prep.residual import (
-        CONTEXT_SIDE,
-        context_residual,
-        context_window,
-        image_context_residual,
-        residual_shift,
-    )
-    from data_prep.store import ChipReader, read_meta
-    from data_prep.windows import ChipWindow, crop_boundless, cut_pair
-
     chips = Path(chips)
     meta = read_meta(chips)
+    if "spec" not in meta:
+        raise StoreError(
+            f"{chips}: no {STORE_META} with a chip spec; run `local-damage prepare` to create a "
+            "chip store"
+        )
     size = int(meta["spec"]["chip_size"])
     roots = [Path(r) for r in meta.get("roots", [])]
     folds = [fold] if fold is None or isinstance(fold, int) else list(fold)
-    records = [r for f in folds for r in _fold_records(chips, f)[0]]
+    records = [r for f in folds for r in fold_records(chips, f)[0]]
     if not records:
-        raise ValueError(f"{chips}: fold {fold} holds no chips")
+        raise StoreError(f"{chips}: fold {fold} holds no chips")
     reader = ChipReader(chips)
     rng = np.random.default_rng(seed)
     by_tile: dict[str, list[dict]] = {}
@@ -343,18 +343,14 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = bench_alignment(
-            args.chips,
-            args.fold[0] if len(args.fold) == 1 else tuple(args.fold),
-            tuple(args.shifts),
-            args.limit,
-            args.seed,
-            tuple(args.context_shifts),
-            args.context_limit,
-        )
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = bench_alignment(
+        args.chips,
+        args.fold[0] if len(args.fold) == 1 else tuple(args.fold),
+        tuple(args.shifts),
+        args.limit,
+        args.seed,
+        tuple(args.context_shifts),
+        args.context_limit,
+    )
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from data_prep.split import fold_indices
+from data_prep.store import ChipReader, StoreError, read_manifest
+from runtime.contract import ModelError
 from runtime.flags import BLANK, CLOUD, FLAGS, HAZE, MISALIGNED, OOD, Flagger
+from runtime.predictor import Predictor
 
 #: Default shift of the ``shifted post`` case, in chip pixels.
 SHIFT_PX = 8.0
@@ -95,16 +98,12 @@ def shift_chip(chip: np.ndarray, shift_px: float, rng: np.random.Generator) -> n
 # the bench
 
 
-def _fold_records(chips: Path, fold: int | None) -> tuple[list[dict], list[dict]]:
+def fold_records(chips: Path, fold: int | None) -> tuple[list[dict], list[dict]]:
     """Manifest rows of the fold (every row when None), and every row of the store."""
-    from data_prep.store import read_manifest
-
     frame = read_manifest(chips)
     everything = frame.to_dict("records")
     if fold is None:
         return everything, everything
-    from data_prep.split import fold_indices
-
     wanted = set(fold_indices(chips, fold)[1])
     return [r for r in everything if r["chip_id"] in wanted], everything
 
@@ -140,15 +139,15 @@ def bench_flags(
         ``{"model", "chips", "fold", "n", "checks", "real": {flag: rate, "any": rate},
         "cases": [{"case", "expects", "n", "detected", "rates"}], "skipped": [why]}``.
     """
-    from data_prep.store import ChipReader
-    from runtime.predictor import Predictor
-
     chips = Path(chips)
     predictor = Predictor(model)
-    flagger = Flagger(predictor.metadata)
-    records, everything = _fold_records(chips, fold)
+    try:
+        flagger = Flagger(predictor.metadata)
+    except ValueError as exc:  # the model's flag metadata cannot be used
+        raise ModelError(str(exc)) from exc
+    records, everything = fold_records(chips, fold)
     if not records:
-        raise ValueError(f"{chips}: fold {fold} holds no chips")
+        raise StoreError(f"{chips}: fold {fold} holds no chips")
     if limit is not None and len(records) > limit:
         step = len(records) / limit
         records = [records[int(i * step)] for i in range(limit)]
@@ -278,10 +277,6 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        result = bench_flags(args.model, args.chips, args.fold, args.shift, args.seed, args.limit)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = bench_flags(args.model, args.chips, args.fold, args.shift, args.seed, args.limit)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -16,7 +16,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from data_prep.engine import open_client
 from data_prep.spec import ChipSpec
+from data_prep.xbd import prepare_xbd, run_tiles, worker_setup
+from data_prep.xbd_tiles import find_tiles, read_tile_image
 
 #: Targets the figures are held to: extraction at least this share of the decode-only rate on
 #: one worker, and at least this speedup of extraction with two workers over one.
@@ -51,8 +54,6 @@ def _checks(results: list[dict]) -> dict:
 
 def _decode_tile(paths: tuple) -> int:
     """Decode a tile's images with the `prepare xbd` reader and nothing else; returns how many."""
-    from data_prep.xbd import read_tile_image, worker_setup
-
     worker_setup()  # the process set up as for a `prepare xbd` job
     decoded = 0
     for path in paths:
@@ -65,12 +66,11 @@ def _decode_tile(paths: tuple) -> int:
 
 
 def _warm_up(_) -> None:
-    """Import what a tile job needs, once per worker process, before anything is timed."""
+    """Import what a tile job needs, once per worker process, before anything is timed
+    (:mod:`data_prep.xbd` comes with this module)."""
     import cv2  # noqa: F401
     import rasterio  # noqa: F401
     import shapely  # noqa: F401
-
-    import data_prep.xbd  # noqa: F401
 
 
 def _process_cpu_seconds(_=None) -> float:
@@ -136,9 +136,6 @@ def bench_prepare(
     Raises:
         XbdRootError: a root does not exist or holds no xBD tiles.
     """
-    from data_prep.engine import open_client
-    from data_prep.xbd import find_tiles, prepare_xbd, run_tiles
-
     spec = spec or ChipSpec()
     roots = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
     tiles, _ = find_tiles(roots)

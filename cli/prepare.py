@@ -1,56 +1,60 @@
-"""Command-line parsers for data preparation (`prepare`, `split`, `bench prepare`).
+"""Command-line parsers and handlers for data preparation (`prepare`, `split`, `bench prepare`).
 
-Parsers are built without importing heavy libraries; each command imports what it needs when run.
+Nothing here imports torch; the libraries that decode imagery (rasterio, OpenCV, Dask) are loaded
+by the data_prep functions when a command runs. Errors of the LocalDamageError family are printed
+once by :func:`cli.main.main`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+from bench.prepare import bench_prepare
 from cli.options import (
     add_engine_arguments,
+    add_report_args,
     add_spec_args,
+    add_xbd_args,
     align_argument,
     max_pixels_argument,
     resolve_max_pixels,
 )
+from data_prep.report import PrepareReport
+from data_prep.scene_store import prepare_scene
+from data_prep.spec import ChipSpec
+from data_prep.split import make_splits
+from data_prep.xbd import prepare_xbd
 
 
-def _spec(args: argparse.Namespace):
-    from data_prep.spec import ChipSpec
-
+def _spec(args: argparse.Namespace) -> ChipSpec:
     return ChipSpec(chip_size=args.chip_size, context=args.context, min_size=args.min_size)
 
 
-def _finish(report, strict: bool) -> int:
+def _finish(report: PrepareReport, args: argparse.Namespace) -> int:
+    """Print the run's summary (standard error) and, with ``--json``, its report as JSON
+    (standard output); the exit status of the report."""
     print(report.summary(), file=sys.stderr)
-    return report.exit_code(strict)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    return report.exit_code(args.strict)
 
 
-def _prepare(args: argparse.Namespace, run, errors: tuple[type[Exception], ...]) -> int:
-    """``run(max_pixels)`` -> report, with the pixel limit resolved, ``errors`` printed as one
-    line (exit status 2) and the report finished as :func:`_finish` does."""
+def _prepare(args: argparse.Namespace, run) -> int:
+    """``run(max_pixels)`` -> report, with the pixel limit resolved and the report finished as
+    :func:`_finish` does."""
     max_pixels = resolve_max_pixels(args)
     if max_pixels is None:
         return 2
-    try:
-        report = run(max_pixels)
-    except errors as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return _finish(report, args.strict)
+    return _finish(run(max_pixels), args)
 
 
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
-    from data_prep.engine import EngineError
-    from data_prep.xbd import XbdRootError, prepare_xbd
-    from data_prep.xbd_resume import ResumeError
-
     return _prepare(
         args,
         lambda max_pixels: prepare_xbd(
-            args.root,
+            args.xbd,
             args.out,
             spec=_spec(args),
             workers=args.workers,
@@ -58,15 +62,12 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
             max_pixels=max_pixels,
             scheduler=args.scheduler,
             resume=args.resume,
+            progress=False if args.quiet else None,
         ),
-        (XbdRootError, EngineError, ResumeError),
     )
 
 
 def _run_prepare_scene(args: argparse.Namespace) -> int:
-    from data_prep.engine import EngineError
-    from data_prep.scene_store import prepare_scene
-
     return _prepare(
         args,
         lambda max_pixels: prepare_scene(
@@ -81,39 +82,27 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
             align=args.align,
             workers=args.workers,
             scheduler=args.scheduler,
+            progress=not args.quiet,
         ),
-        (EngineError,),
     )
 
 
 def _run_split(args: argparse.Namespace) -> int:
-    from data_prep.split import make_splits
-
-    try:
-        path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}", file=sys.stderr)
+    path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
+    if not args.quiet:
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
 def _run_bench_prepare(args: argparse.Namespace) -> int:
-    from bench.prepare import bench_prepare
-    from data_prep.xbd import XbdRootError
-
-    try:
-        bench_prepare(
-            args.root,
-            spec=_spec(args),
-            workers=args.workers,
-            limit=args.limit,
-            as_json=args.json,
-            repeat=args.repeat,
-        )
-    except XbdRootError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    bench_prepare(
+        args.xbd,
+        spec=_spec(args),
+        workers=args.workers,
+        limit=args.limit,
+        as_json=args.json,
+        repeat=args.repeat,
+    )
     return 0
 
 
@@ -131,9 +120,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="from xBD tiles with label JSON",
         description="Cut chips from xBD as distributed: ROOT/images/*_{pre,post}_disaster.{png,tif} with ROOT/labels/*.json, or the split layout ROOT/{train,tier3,test,hold}/...",
     )
-    xbd.add_argument(
-        "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
-    )
+    add_xbd_args(xbd, repeatable=True, help="xBD root folder")
     xbd.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     add_spec_args(xbd)
     add_engine_arguments(xbd, "tile")
@@ -150,6 +137,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "store was prepared with other options",
     )
     max_pixels_argument(xbd)
+    add_report_args(xbd)
     xbd.set_defaults(func=_run_prepare_xbd)
 
     scene = psub.add_parser(
@@ -184,6 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_arguments(scene, "part of the scene")
     max_pixels_argument(scene)
     align_argument(scene)
+    add_report_args(scene)
     scene.set_defaults(func=_run_prepare_scene)
 
     split = sub.add_parser(
@@ -206,6 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="group by tile (k-fold) or by event (leave-one-event-out)",
     )
     split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_report_args(split, json=False)
     split.set_defaults(func=_run_split)
 
 
@@ -216,9 +206,7 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:
         help="chip extraction rate against the decode-only rate",
         description="Print buildings per second for `prepare xbd` on ROOT next to the rate of decoding every pre/post image once (measured in the same run), and their ratio.",
     )
-    bp.add_argument(
-        "--root", action="append", required=True, metavar="DIR", help="xBD root folder (repeatable)"
-    )
+    add_xbd_args(bp, repeatable=True, help="xBD root folder")
     add_spec_args(bp)
     bp.add_argument(
         "--workers",
@@ -237,4 +225,5 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:
         help="runs of each measurement, alternating; the fastest counts (default 3)",
     )
     bp.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_report_args(bp, json=False)
     bp.set_defaults(func=_run_bench_prepare)

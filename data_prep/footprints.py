@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data_prep.mosaic import SceneError, reproject_geometries
+from data_prep.grid import reproject_geometries
+from data_prep.mosaic import SceneError
 from data_prep.report import Skipped
 from data_prep.spec import UNLABELLED, parse_label
 

@@ -10,6 +10,8 @@ import numpy as np
 
 from data_prep import radiometry
 from data_prep.errors import LocalDamageError
+from data_prep.quality import max_pixels as pixel_limit
+from data_prep.quality import pixel_limit_problem
 from data_prep.radiometry import Scaling
 
 
@@ -147,9 +149,6 @@ def decode(path: str | os.PathLike, max_pixels: int | None = None) -> Decoded:
 
     import rasterio
     from rasterio.errors import NotGeoreferencedWarning, RasterioError
-
-    from data_prep.quality import max_pixels as pixel_limit
-    from data_prep.quality import pixel_limit_problem
 
     limit = pixel_limit(max_pixels)
     if not os.path.exists(path):

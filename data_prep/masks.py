@@ -29,7 +29,7 @@ import numpy as np
 from data_prep.imagery import read_rgb
 from data_prep.report import PrepareReport
 from data_prep.split import stratified_group_folds
-from data_prep.xbd import find_tiles, parse_buildings
+from data_prep.xbd_tiles import find_tiles, parse_buildings
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,8 @@
 """Virtual mosaics of georeferenced tiles on one pixel grid, read one window at a time.
 
 A scene is a set of pre-disaster tiles and a set of post-disaster tiles, each set possibly in
-several CRS and resolutions. :func:`open_scene` puts both on one target grid, the *pre grid*:
-
-- CRS: the CRS shared by most pre tiles (the first given tile breaks ties).
-- Pixel size: square, the finest pre resolution measured in that CRS.
-- Origin: aligned to the finest pre tile in that CRS, so its pixels are read without resampling;
-  the grid covers the union of the pre tiles.
+several CRS and resolutions. :func:`open_scene` puts both on one target grid, the *pre grid*
+(:func:`data_prep.grid.pre_grid`).
 
 Nothing is mosaicked in memory. :meth:`Mosaic.read` warps each tile that meets a window onto that
 window (one ``rasterio.warp.reproject`` per tile and window from the open dataset, bilinear, with a
@@ -30,7 +26,6 @@ is not refused for its size.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,13 +33,27 @@ import numpy as np
 
 from data_prep import radiometry
 from data_prep.errors import LocalDamageError
+from data_prep.grid import Grid, affine_geometries, pre_grid, reproject_geometries
+from data_prep.imagery import ImageError, check_png_complete
+from data_prep.quality import max_pixels as pixel_limit
+from data_prep.quality import pixel_limit_problem
 from data_prep.radiometry import Scaling
 from data_prep.report import Skipped
 
 if TYPE_CHECKING:
     import shapely
-    from affine import Affine
-    from rasterio.crs import CRS
+
+# Grid and reproject_geometries are imported from here by callers too.
+__all__ = [
+    "Grid",
+    "Mosaic",
+    "Scene",
+    "SceneError",
+    "Tile",
+    "open_scene",
+    "open_tile",
+    "reproject_geometries",
+]
 
 
 class SceneError(LocalDamageError, ValueError):
@@ -59,91 +68,6 @@ class SceneError(LocalDamageError, ValueError):
         self.item = str(item)
         self.reason = reason
         super().__init__(f"{self.item}: {reason}")
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A north-up pixel grid: CRS, affine transform (pixel corner -> CRS units) and size.
-
-    Pixel coordinates are (col, row) = (x, y) with (0, 0) the top-left corner of the top-left pixel.
-    """
-
-    crs: CRS
-    transform: Affine
-    width: int
-    height: int
-
-    @property
-    def res(self) -> float:
-        """Pixel side in CRS units (metres for projected CRS)."""
-        return float(abs(self.transform.a))
-
-    @property
-    def bounds(self) -> tuple[float, float, float, float]:
-        """(minx, miny, maxx, maxy) in CRS units."""
-        t = self.transform
-        x0, y0 = t.c, t.f
-        x1, y1 = t @ (self.width, self.height)
-        return min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)
-
-    def window_transform(self, col_off: int, row_off: int) -> Affine:
-        """The transform of a window whose top-left pixel is (col_off, row_off)."""
-        from affine import Affine
-
-        return self.transform @ Affine.translation(col_off, row_off)
-
-    def to_pixels(self, geometries: np.ndarray) -> np.ndarray:
-        """Shapely geometries in the grid CRS -> the same geometries in pixel coordinates."""
-        return _affine_geoms(geometries, ~self.transform)
-
-    def from_pixels(self, geometries: np.ndarray) -> np.ndarray:
-        """Shapely geometries in pixel coordinates -> the same geometries in the grid CRS."""
-        return _affine_geoms(geometries, self.transform)
-
-    def to_dict(self) -> dict:
-        return {
-            "crs": self.crs.to_string(),
-            "transform": list(self.transform)[:6],
-            "width": self.width,
-            "height": self.height,
-        }
-
-
-def _affine_geoms(geometries, t) -> np.ndarray:
-    import shapely
-
-    def apply(xy: np.ndarray) -> np.ndarray:
-        x, y = xy[:, 0], xy[:, 1]
-        return np.column_stack([t.a * x + t.b * y + t.c, t.d * x + t.e * y + t.f])
-
-    return shapely.transform(np.asarray(geometries, dtype=object), apply)
-
-
-def reproject_geometries(geometries, src_crs, dst_crs) -> np.ndarray:
-    """Shapely geometries from ``src_crs`` to ``dst_crs`` (x = easting/longitude first).
-
-    Coordinates that cannot be transformed become infinite; callers check ``shapely.bounds``.
-    """
-    import shapely
-    from pyproj import CRS as ProjCRS
-    from pyproj import Transformer
-
-    src = ProjCRS.from_user_input(_crs_text(src_crs))
-    dst = ProjCRS.from_user_input(_crs_text(dst_crs))
-    geometries = np.asarray(geometries, dtype=object)
-    if src == dst:
-        return geometries
-    transformer = Transformer.from_crs(src, dst, always_xy=True)
-
-    def apply(xy: np.ndarray) -> np.ndarray:
-        x, y = transformer.transform(xy[:, 0], xy[:, 1])
-        return np.column_stack([x, y])
-
-    return shapely.transform(geometries, apply)
-
-
-def _crs_text(crs) -> str:
-    return crs if isinstance(crs, str) else crs.to_wkt()
 
 
 @dataclass
@@ -190,7 +114,7 @@ class Tile:
         ds = self.dataset
         w, h = ds.width, ds.height
         ring = shapely.segmentize(shapely.box(0, 0, w, h), max(w, h) / 32.0)
-        return _affine_geoms(np.array([ring], dtype=object), ds.transform)[0]
+        return affine_geometries(np.array([ring], dtype=object), ds.transform)[0]
 
     def read_warped(self, crs, transform, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
         """Warp the tile onto a window: uint8 [height, width, 3] RGB and bool [height, width] valid.
@@ -238,10 +162,6 @@ def open_tile(path: str | os.PathLike, max_pixels: int | None = None) -> Tile:
     import rasterio
     from rasterio.enums import ColorInterp
     from rasterio.errors import NotGeoreferencedWarning, RasterioError
-
-    from data_prep.imagery import ImageError, check_png_complete
-    from data_prep.quality import max_pixels as pixel_limit
-    from data_prep.quality import pixel_limit_problem
 
     path = str(path)
     limit = pixel_limit(max_pixels)
@@ -315,7 +235,7 @@ def open_tile(path: str | os.PathLike, max_pixels: int | None = None) -> Tile:
 
 
 class Mosaic:
-    """Tiles of one acquisition (pre or post) read as one raster on a :class:`Grid`.
+    """Tiles of one acquisition (pre or post) read as one raster on a :class:`data_prep.grid.Grid`.
 
     Attributes:
         name: "pre" or "post", used in messages.
@@ -328,8 +248,6 @@ class Mosaic:
 
     def __init__(self, name: str, tiles: list[Tile], grid: Grid, max_pixels: int | None = None):
         import shapely
-
-        from data_prep.quality import max_pixels as pixel_limit
 
         self.max_pixels = pixel_limit(max_pixels)
         self.name = name
@@ -395,8 +313,6 @@ class Mosaic:
         """
         import shapely
         from rasterio.errors import RasterioError
-
-        from data_prep.quality import pixel_limit_problem
 
         problem = pixel_limit_problem(width, height, self.max_pixels, "a read window")
         if problem:
@@ -495,60 +411,6 @@ class Scene:
         self.close()
 
 
-def _resolution_in(tile: Tile, crs) -> float:
-    """The tile's pixel side (smallest of x and y) expressed in ``crs`` units."""
-    from rasterio.warp import calculate_default_transform
-
-    ds = tile.dataset
-    if ds.crs == crs:
-        t = ds.transform
-        return float(min(np.hypot(t.a, t.d), np.hypot(t.b, t.e)))
-    t, _, _ = calculate_default_transform(ds.crs, crs, ds.width, ds.height, *ds.bounds)
-    return float(min(abs(t.a), abs(t.e)))
-
-
-def pre_grid(tiles: list[Tile]) -> Grid:
-    """The target grid of a scene from its pre tiles (see the module docstring)."""
-    import shapely
-    from affine import Affine
-
-    counts = Counter(t.crs.to_wkt() for t in tiles)
-    best = max(counts.values())
-    crs = next(t.crs for t in tiles if counts[t.crs.to_wkt()] == best)
-    resolutions = [_resolution_in(t, crs) for t in tiles]
-    res = min(resolutions)
-    footprints = []
-    for tile in tiles:
-        footprints.append(
-            reproject_geometries(np.array([tile.source_footprint()], dtype=object), tile.crs, crs)[
-                0
-            ]
-        )
-    minx, miny, maxx, maxy = shapely.union_all(footprints).bounds
-    anchor_x, anchor_y = minx, maxy
-    for tile, r in zip(tiles, resolutions, strict=True):
-        t = tile.dataset.transform
-        if tile.crs == crs and t.b == 0 and t.d == 0 and np.isclose(r, res, rtol=1e-9):
-            anchor_x, anchor_y = t.c, t.f if t.e < 0 else t.f + t.e * tile.dataset.height
-            break
-
-    def steps(value: float, origin: float) -> float:
-        return round((value - origin) / res, 6)
-
-    left = anchor_x + np.floor(steps(minx, anchor_x)) * res
-    right = anchor_x + np.ceil(steps(maxx, anchor_x)) * res
-    top = anchor_y + np.ceil(steps(maxy, anchor_y)) * res
-    bottom = anchor_y + np.floor(steps(miny, anchor_y)) * res
-    width = max(1, int(round((right - left) / res)))
-    height = max(1, int(round((top - bottom) / res)))
-    return Grid(
-        crs=crs,
-        transform=Affine(res, 0.0, float(left), 0.0, -res, float(top)),
-        width=width,
-        height=height,
-    )
-
-
 def _open_tiles(paths, skipped: list[Skipped], max_pixels: int | None) -> list[Tile]:
     tiles = []
     for path in paths:
@@ -578,8 +440,6 @@ def open_scene(pre_paths, post_paths, max_pixels: int | None = None) -> Scene:
     Raises:
         SceneError: when no pre or no post tile is usable, or pre and post do not overlap.
     """
-    from data_prep.quality import max_pixels as pixel_limit
-
     max_pixels = pixel_limit(max_pixels)
     skipped: list[Skipped] = []
     pre_tiles = _open_tiles(pre_paths, skipped, max_pixels)

@@ -41,7 +41,7 @@ from data_prep.registration import (
     gray,
     match_template,
 )
-from data_prep.windows import ChipWindow
+from data_prep.windows import ChipWindow, crop_boundless, window_overlap
 
 #: Side in source pixels of the window around a building in which its shift is measured.
 CONTEXT_SIDE = 512
@@ -149,8 +149,6 @@ def image_context_residual(
     where they are large enough); the windows are :data:`CONTEXT_SIDE` px, or ``side`` (a large
     building's chip window) when larger. What lies past the images' edges, or outside ``valid``
     (bool ``[H, W]``: where both images hold data), is left out of the match."""
-    from data_prep.windows import crop_boundless, window_overlap
-
     w = context_window(centre, max(CONTEXT_SIDE, int(side)), pre_img.shape[:2])
     if valid is not None:
         mask = crop_boundless(valid, w)  # False past the edges

@@ -30,6 +30,7 @@ import numpy as np
 from data_prep.footprints import Footprints
 from data_prep.mosaic import Scene, SceneError
 from data_prep.quality import blank_reason, pixel_limit_problem
+from data_prep.residual import CONTEXT_SIDE, image_context_residual
 from data_prep.spec import ChipSpec
 from data_prep.windows import (
     ChipWindow,
@@ -231,8 +232,6 @@ def cut_reads(
     for scoring identical to chips cut for training. With ``context`` every chip comes with its
     building's residual shift measured there (:attr:`BuildingChip.context_px`).
     """
-    from data_prep.residual import CONTEXT_SIDE, image_context_residual
-
     windows, bounds = buildings.windows, buildings.bounds
     for members in groups:
         c0, r0, c1, r1 = _block_extent(members, windows, bounds)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.alignment import AUTO, align_scene
-from data_prep.engine import JobFailed
+from data_prep.engine import JobFailed, default_workers, map_jobs, open_client
 from data_prep.footprints import load_footprints
 from data_prep.mosaic import SceneError, open_scene
 from data_prep.report import PrepareReport, Skipped
@@ -185,8 +185,6 @@ def cut_part(job: PartJob) -> tuple[list[tuple[int, dict]], PrepareReport, list[
 
 def _run_parts(jobs: list[PartJob], workers, scheduler, client, progress: bool) -> list:
     """``[cut_part(job) ...]`` through :mod:`data_prep.engine`, costliest parts first."""
-    from data_prep.engine import default_workers, map_jobs, open_client
-
     options = dict(
         keys=[job.shard_name for job in jobs],
         costs=[len(job.buildings) for job in jobs],

@@ -17,18 +17,25 @@ The result is ``CHIPS/splits.csv`` with columns chip_id, tile, event, fold, in m
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from data_prep.spec import CLASS_NAMES
-from data_prep.store import atomic_path, read_manifest
+from data_prep.store import StoreError, StoreNotFoundError, atomic_path, read_manifest
 
 SPLITS = "splits.csv"
 SPLIT_COLUMNS = ("chip_id", "tile", "event", "fold")
 BY_CHOICES = ("tile", "event")
+
+log = logging.getLogger(__name__)
+
+
+class SplitError(StoreError):
+    """Folds that cannot be made or used as asked (too few tiles or events, an unknown fold,
+    splits.csv out of date with the manifest); the message says what to change."""
 
 
 def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
@@ -45,30 +52,30 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
         order.
 
     Raises:
-        ValueError: for an unknown ``by``, fewer than 2 folds, fewer tiles than folds, fewer than
+        SplitError: for an unknown ``by``, fewer than 2 folds, fewer tiles than folds, fewer than
             2 events for ``by="event"``, or a tile listed under two events.
     """
     import pandas as pd
 
     if by not in BY_CHOICES:
-        raise ValueError(f"unknown split --by {by!r}: expected one of {', '.join(BY_CHOICES)}")
+        raise SplitError(f"unknown split --by {by!r}: expected one of {', '.join(BY_CHOICES)}")
     if len(manifest) == 0:
-        raise ValueError("the manifest has no chips to split")
+        raise SplitError("the manifest has no chips to split")
     frame = manifest[["chip_id", "tile", "event"]].copy()
     if frame["chip_id"].duplicated().any():
         dup = frame.loc[frame["chip_id"].duplicated(), "chip_id"].iloc[0]
-        raise ValueError(f"chip_id {dup!r} appears more than once in the manifest")
+        raise SplitError(f"chip_id {dup!r} appears more than once in the manifest")
     events_per_tile = frame.groupby("tile")["event"].nunique()
     if (events_per_tile > 1).any():
         tile = events_per_tile[events_per_tile > 1].index[0]
-        raise ValueError(
+        raise SplitError(
             f"tile {tile!r} appears under more than one event; tiles must belong to one event"
         )
 
     if by == "event":
         events = sorted(frame["event"].unique())
         if len(events) < 2:
-            raise ValueError(
+            raise SplitError(
                 f"leave-one-event-out needs at least 2 events, the store has {len(events)} "
                 f"({', '.join(events)}); use --by tile"
             )
@@ -77,10 +84,10 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
         return frame.reset_index(drop=True)
 
     if folds < 2:
-        raise ValueError(f"--folds must be at least 2, got {folds}")
+        raise SplitError(f"--folds must be at least 2, got {folds}")
     tiles = frame["tile"].unique()
     if len(tiles) < folds:
-        raise ValueError(
+        raise SplitError(
             f"{folds} folds need at least {folds} tiles, the store has {len(tiles)}; "
             "use fewer --folds (or more tiles)"
         )
@@ -88,7 +95,7 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
         manifest["label"].to_numpy(), frame["tile"].to_numpy(), folds, seed
     )
     if len(np.unique(fold)) < folds:
-        raise ValueError(
+        raise SplitError(
             f"could not deal the {len(tiles)} tiles into {folds} non-empty folds; use fewer --folds"
         )
     frame["fold"] = pd.Series(fold, index=frame.index).astype(int)
@@ -160,28 +167,28 @@ def make_splits(
     *,
     verbose: bool = True,
 ) -> Path:
-    """Write ``CHIPS/splits.csv`` atomically and print a per-fold summary to stderr.
+    """Write ``CHIPS/splits.csv`` atomically and log a per-fold summary.
 
     Args:
         chips: chip store folder (with manifest.csv).
         folds: number of folds for ``by="tile"``.
         by: ``"tile"`` or ``"event"`` (see :func:`assign_folds`).
         seed: random seed; the same seed gives the same folds.
-        verbose: print the summary to stderr.
+        verbose: log the summary (INFO).
 
     Returns:
         Path of the written splits.csv.
 
     Raises:
-        FileNotFoundError: when the store has no manifest.
-        ValueError: as :func:`assign_folds`, prefixed with the store path.
+        StoreNotFoundError: when the store has no manifest.
+        SplitError: as :func:`assign_folds`, prefixed with the store path.
     """
     root = Path(chips)
     manifest = read_manifest(root)
     try:
         splits = assign_folds(manifest, folds=folds, by=by, seed=seed)
-    except ValueError as exc:
-        raise ValueError(f"{root}: {exc}") from exc
+    except SplitError as exc:
+        raise SplitError(f"{root}: {exc}") from exc
     out = root / SPLITS
     with atomic_path(out, suffix=".csv") as tmp:
         splits.to_csv(tmp, index=False, columns=list(SPLIT_COLUMNS))
@@ -189,8 +196,8 @@ def make_splits(
         what = f"{splits['fold'].nunique()} folds by {by}" + (
             f" (seed {seed})" if by == "tile" else ""
         )
-        print(f"{len(splits)} chips in {what}:", file=sys.stderr)
-        print(split_summary(splits, manifest), file=sys.stderr)
+        log.info(f"{len(splits)} chips in {what}:")
+        log.info(split_summary(splits, manifest))
     return out
 
 
@@ -198,8 +205,8 @@ def load_splits(chips: str | os.PathLike):
     """``CHIPS/splits.csv`` as a DataFrame (chip_id, tile, event as str; fold as int).
 
     Raises:
-        FileNotFoundError: when the store has no splits yet.
-        ValueError: when the file lacks a column, or lists chips the manifest does not have (the
+        StoreNotFoundError: when the store has no splits yet.
+        SplitError: when the file lacks a column, or lists chips the manifest does not have (the
             store was prepared again after splitting).
     """
     import pandas as pd
@@ -207,11 +214,11 @@ def load_splits(chips: str | os.PathLike):
     root = Path(chips)
     path = root / SPLITS
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no splits; run `local-damage split {root}` first")
+        raise StoreNotFoundError(f"{path}: no splits; run `local-damage split {root}` first")
     df = pd.read_csv(path, dtype={"chip_id": str, "tile": str, "event": str}, keep_default_na=False)
     missing = [c for c in SPLIT_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(
+        raise SplitError(
             f"{path}: missing column(s) {', '.join(missing)}; run `local-damage split` again"
         )
     df["fold"] = df["fold"].astype(int)
@@ -220,7 +227,7 @@ def load_splits(chips: str | os.PathLike):
         known = set(read_manifest(root)["chip_id"])
         stale = [c for c in df["chip_id"] if c not in known]
         if stale:
-            raise ValueError(
+            raise SplitError(
                 f"{path}: {len(stale)} chip(s) (e.g. {stale[0]!r}) are not in the manifest; the store "
                 f"was prepared again after splitting: run `local-damage split {root}` again"
             )
@@ -242,18 +249,18 @@ def fold_indices(
         ``fold``, training every chip of the other folds except ``holdout``.
 
     Raises:
-        ValueError: when ``fold`` or ``holdout`` is not one of the folds in splits.csv, or both
+        SplitError: when ``fold`` or ``holdout`` is not one of the folds in splits.csv, or both
             name the same fold.
     """
     df = load_splits(chips)
     available = sorted(df["fold"].unique())
     for name, k in (("fold", fold), ("holdout fold", holdout)):
         if k is not None and k not in available:
-            raise ValueError(
+            raise SplitError(
                 f"{Path(chips) / SPLITS}: no {name} {k}; the folds are {', '.join(map(str, available))}"
             )
     if fold is not None and fold == holdout:
-        raise ValueError(f"fold {fold} cannot be both the validation and the held-out fold")
+        raise SplitError(f"fold {fold} cannot be both the validation and the held-out fold")
     folds = df["fold"].to_numpy()
     val = folds == fold if fold is not None else np.zeros(len(df), bool)
     train = ~val & (folds != holdout if holdout is not None else True)

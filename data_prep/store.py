@@ -27,9 +27,22 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
+
 MANIFEST = "manifest.csv"
 STORE_META = "store.json"
 SHARDS = "shards"
+
+
+class StoreError(LocalDamageError, ValueError):
+    """A chip store that cannot serve what was asked of it (no chips in a fold, stale splits, an
+    unknown fold); the message names the store file and what to do."""
+
+
+class StoreNotFoundError(LocalDamageError, FileNotFoundError):
+    """A chip store file that does not exist yet (``manifest.csv``, ``splits.csv``); the message
+    names the command that makes it."""
+
 
 MANIFEST_COLUMNS: tuple[str, ...] = (
     "chip_id",  # unique: <tile>:<uid or running number>
@@ -177,12 +190,16 @@ def start_store(root: str | os.PathLike) -> Path:
 
 
 def read_manifest(root: str | os.PathLike):
-    """The manifest as a pandas DataFrame (label as int, lon/lat as float with NaN when unknown)."""
+    """The manifest as a pandas DataFrame (label as int, lon/lat as float with NaN when unknown).
+
+    Raises:
+        StoreNotFoundError: the store has no manifest.
+    """
     import pandas as pd
 
     path = Path(root) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(
+        raise StoreNotFoundError(
             f"{path}: no manifest; run `local-damage prepare` to create a chip store"
         )
     df = pd.read_csv(
@@ -210,7 +227,10 @@ class ChipReader:
     def _shard(self, rel: str) -> np.ndarray:
         arr = self._cache.get(rel)
         if arr is None:
-            arr = np.load(self.root / rel, mmap_mode="r")
+            try:
+                arr = np.load(self.root / rel, mmap_mode="r")
+            except FileNotFoundError as exc:
+                raise StoreNotFoundError(str(exc)) from exc
             self._cache[rel] = arr
         return arr
 

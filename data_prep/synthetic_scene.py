@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.grid import reproject_geometries
 from data_prep.spec import CLASS_NAMES
 
 PRE_CRS = "EPSG:32615"
@@ -327,8 +328,6 @@ def _post_tiles(root: Path, buildings: list[_Building], hole) -> list[Path]:
 def make_scene(root: str | os.PathLike, seed: int = 0) -> SceneFixture:
     """Write the synthetic scene under ``root`` (see the module docstring) and describe it."""
     import shapely
-
-    from data_prep.mosaic import reproject_geometries
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ def tile_options(spec: ChipSpec, include_unclassified: bool, max_pixels: int | N
 
 
 def tile_inputs(tile) -> dict:
-    """Path, size and modification time of the files of a :class:`data_prep.xbd.XbdTile`
+    """Path, size and modification time of the files of a :class:`data_prep.xbd_tiles.XbdTile`
     (None when missing)."""
     out = {}
     for kind, path in (("pre", tile.pre), ("post", tile.post), ("label", tile.label)):

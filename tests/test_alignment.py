@@ -269,7 +269,7 @@ def test_real_tile_aligned_by_correlation_when_phase_correlation_disagrees():
     import cv2
 
     from data_prep.residual import image_context_residual
-    from data_prep.xbd import find_tiles, read_tile_image
+    from data_prep.xbd_tiles import find_tiles, read_tile_image
 
     root = shared_data("xbd_sample")
     tile = {t.name: t for t in find_tiles(root)[0]}.get("santa-rosa-wildfire_00000366")

@@ -229,7 +229,7 @@ def test_score_writes_flags_blank_not_scored_and_cloud(tmp_path, synthetic_xbd, 
 
     from data_prep.report import PrepareReport
     from data_prep.windows import chip_window
-    from data_prep.xbd import parse_buildings
+    from data_prep.xbd_tiles import parse_buildings
     from runtime.predictor import Predictor
 
     pre, post, labels = _tile(synthetic_xbd)

@@ -162,7 +162,9 @@ def test_holdout_fold_is_never_seen(store):
 
 
 def test_summary_on_stderr(store, capsys):
-    make_splits(store, folds=3, seed=0)
+    from cli.main import main
+
+    main(["split", str(store), "--folds", "3", "--seed", "0"])
     err = capsys.readouterr().err
     splits = load_splits(store)
     manifest = read_manifest(store)
