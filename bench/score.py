@@ -73,6 +73,7 @@ def bench_score(
         "buildings_per_s", "scenes_ratio", "buildings_ratio", "failed"}]}``.
     """
     from app.scoring.batch import score_batch
+    from app.scoring.common import ScoreOptions
     from data_prep.engine import open_client
     from runtime.predictor import Predictor
 
@@ -86,15 +87,17 @@ def bench_score(
         w = max(int(w), 1)
         start = time.perf_counter()
         with open_client(w) as client, tempfile.TemporaryDirectory(prefix="bench-score-") as tmp:
-            options = dict(raster=raster, progress=False, workers=w, client=client)
+            run_args = dict(
+                raster=raster, options=ScoreOptions(progress=False), workers=w, client=client
+            )
             # warm-up: start the workers and load the model in each before timing
             warm = scenes[: max(2 * w, 1)]
-            score_batch(predictor, warm, Path(tmp) / "warm", **options)
+            score_batch(predictor, warm, Path(tmp) / "warm", **run_args)
             startup = time.perf_counter() - start
             best = float("inf")
             for r in range(max(int(repeat), 1)):
                 t0 = time.perf_counter()
-                report = score_batch(predictor, scenes, Path(tmp) / f"run{r}", **options)
+                report = score_batch(predictor, scenes, Path(tmp) / f"run{r}", **run_args)
                 best = min(best, time.perf_counter() - t0)
         scored = [s for s in report.scenes if s.get("status") == "scored"]
         buildings = sum(s["report"]["buildings"] for s in scored)

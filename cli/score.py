@@ -1,13 +1,34 @@
-"""Command-line parsers for `score`, `score-batch`, `app` and `demo` (no heavy imports at module level)."""
+"""Command-line parsers and handlers for `score`, `score-batch`, `app` and `demo`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 from contextlib import contextmanager
 
-from cli.options import align_argument, max_pixels_argument, resolve_max_pixels
+from app.scoring.batch import parse_shard, read_scene_list, score_batch, summary_path
+from app.scoring.common import ScoreOptions, check_outputs
+from app.scoring.demo import SYNTHETIC_NOTE, run_demo
+from app.scoring.detect import pixel_pair, score_scene_detected, score_xbd_detected
+from app.scoring.scene import score_scene
+from app.scoring.xbd import score_xbd
+from app.web.app import launch
+from cli.options import (
+    add_engine_arguments,
+    add_model_args,
+    add_output_args,
+    add_report_args,
+    align_argument,
+    max_pixels_argument,
+    resolve_max_pixels,
+)
+from runtime.contract import ModelError
+from runtime.localizer import load_localizer
+from runtime.predictor import TTA_VIEWS, Predictor
+from runtime.registry import default_localizer, default_model, default_models_dir
 
 #: Default chips per inference batch.
 BATCH_SIZE = 32
@@ -23,13 +44,7 @@ def _positive(text: str) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    from runtime.predictor import TTA_VIEWS
-
-    parser.add_argument(
-        "--model",
-        metavar="ONNX",
-        help="model file from `local-damage export` (default: the bundled models/default.onnx)",
-    )
+    add_model_args(parser)
     parser.add_argument(
         "--batch-size",
         type=_positive,
@@ -52,42 +67,68 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="test-time augmentation: grade each building in 4 flips or all 8 turns and mirrors "
         "of its chips and average (4x / 8x the model's time; docs/scoring.md; default none)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_report_args(parser)
     max_pixels_argument(parser)
     align_argument(parser)
 
 
-def _load_model(path: str | None, tta: str = "none"):
-    """The predictor (the default model when ``path`` is None), or None after printing why not."""
-    from runtime.contract import ModelError
-    from runtime.predictor import Predictor
-    from runtime.registry import default_model
+def _localizer_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--localizer PATH``: the localiser used when no footprints are given."""
+    parser.add_argument(
+        "--localizer",
+        metavar="ONNX",
+        help="building localiser used when no footprints are given (default: models/"
+        "localizer.onnx when present; see docs/localize.md)",
+    )
 
+
+def _load_model(path: str | None, tta: str = "none") -> Predictor:
+    """The predictor (the default model when ``path`` is None).
+
+    Raises:
+        ModelError: no default model, or not a usable model file.
+    """
+    return Predictor(path if path is not None else default_model(), tta=tta)
+
+
+def _load_localizer(path: str | None):
+    """The localiser for a command (``--localizer``, else the default).
+
+    Raises:
+        ModelError: none available, or not a usable localiser (the message says footprints
+            were not given).
+    """
     try:
-        return Predictor(path if path is not None else default_model(), tta=tta)
+        return load_localizer(path)
     except ModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        raise ModelError(f"no footprints given: {exc}") from exc
+
+
+def _batch_localizer(path: str | None, scenes):
+    """The localiser for ``score-batch`` when some scene has no footprints and one is given or
+    bundled; None otherwise (those scenes then fail with a message saying how to get one, and
+    the rest are scored).
+
+    Raises:
+        ModelError: a given localiser that is not usable.
+    """
+    if not any(s.buildings is None for s in scenes) or not (path or default_localizer()):
         return None
+    return _load_localizer(path)
 
 
-def _input_errors() -> tuple[type[BaseException], ...]:
-    from app.scoring.outputs import OutputError
-    from data_prep.imagery import ImageError
-    from data_prep.mosaic import SceneError
-
-    return SceneError, ImageError, OutputError
+def _options(args: argparse.Namespace, max_pixels: int) -> ScoreOptions:
+    return ScoreOptions(
+        batch_size=args.batch_size,
+        block_size=args.block_size,
+        max_pixels=max_pixels,
+        align=args.align,
+        progress=not args.quiet,
+    )
 
 
 def _run_score(args: argparse.Namespace) -> int:
-    from app.scoring.scene import check_outputs, score_scene
-    from app.scoring.xbd import score_xbd
-
-    errors = _input_errors()
-    try:
-        check_outputs(args.out, args.raster, args.overlay)
-    except errors as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    check_outputs(args.out, args.raster, args.overlay)
     if args.labels and (len(args.pre) != 1 or len(args.post) != 1):
         print(
             "error: --labels (xBD mode) takes exactly one --pre and one --post image; "
@@ -99,49 +140,27 @@ def _run_score(args: argparse.Namespace) -> int:
     if max_pixels is None:
         return 2
     predictor = _load_model(args.model, args.tta)
-    if predictor is None:
-        return 2
-    from app.scoring.detect import cli_localizer, pixel_pair
-
-    localizer = None
-    if not args.labels and not args.buildings:  # no footprints: detect the buildings
-        localizer = cli_localizer(args.localizer)
-        if localizer is None:
-            return 2
-    common = {
-        "localizer": localizer,
-        "raster": args.raster,
-        "overlay": args.overlay,
-        "batch_size": args.batch_size,
-        "progress": not args.quiet,
-        "max_pixels": max_pixels,
-    }
-    try:
-        if args.labels or (localizer is not None and pixel_pair(args.pre, args.post)):
-            report = score_xbd(
-                predictor,
-                args.pre[0],
-                args.post[0],
-                args.labels,
-                args.out,
-                align=args.align,
-                **common,
+    options = _options(args, max_pixels)
+    outputs = {"raster": args.raster, "overlay": args.overlay, "options": options}
+    if args.labels:
+        pre, post = args.pre[0], args.post[0]
+        report = score_xbd(predictor, pre, post, args.labels, args.out, **outputs)
+    elif args.buildings:
+        report = score_scene(predictor, args.pre, args.post, args.buildings, args.out, **outputs)
+    else:  # no footprints: the localiser finds the buildings
+        localizer = _load_localizer(args.localizer)
+        if pixel_pair(args.pre, args.post):
+            pre, post = args.pre[0], args.post[0]
+            report = score_xbd_detected(
+                predictor, pre, post, args.out, localizer=localizer, **outputs
             )
         else:
-            report = score_scene(
-                predictor,
-                args.pre,
-                args.post,
-                args.buildings,
-                args.out,
-                block_size=args.block_size,
-                align=args.align,
-                **common,
+            report = score_scene_detected(
+                predictor, args.pre, args.post, args.out, localizer=localizer, **outputs
             )
-    except errors as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     print(report.summary(), file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
     return 0 if report.scored else 1
 
 
@@ -164,21 +183,8 @@ def _interrupt_on_sigterm():
 
 
 def _run_score_batch(args: argparse.Namespace) -> int:
-    from app.scoring.batch import parse_shard, read_scene_list, score_batch, summary_path
-
-    errors = _input_errors()
-    shard = None
-    if args.shard:
-        try:
-            shard = parse_shard(args.shard)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    try:
-        scenes, problems = read_scene_list(args.scenes)
-    except errors as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    shard = parse_shard(args.shard) if args.shard else None
+    scenes, problems = read_scene_list(args.scenes)
     if not scenes and not problems:
         print(f"error: {args.scenes}: lists no scenes", file=sys.stderr)
         return 2
@@ -186,60 +192,36 @@ def _run_score_batch(args: argparse.Namespace) -> int:
     if max_pixels is None:
         return 2
     predictor = _load_model(args.model, args.tta)
-    if predictor is None:
-        return 2
-    from app.scoring.detect import cli_batch_localizer
-
-    ok, localizer = cli_batch_localizer(args.localizer, scenes)
-    if not ok:
-        return 2
-    from data_prep.engine import EngineError
-
-    try:
-        with _interrupt_on_sigterm():
-            report = score_batch(
-                predictor,
-                scenes,
-                args.out,
-                fmt=args.format,
-                raster=args.raster,
-                overlay=args.overlay,
-                resume=args.resume,
-                shard=shard,
-                problems=problems,
-                batch_size=args.batch_size,
-                block_size=args.block_size,
-                progress=not args.quiet,
-                max_pixels=max_pixels,
-                align=args.align,
-                localizer=localizer,
-                workers=args.workers,
-                scheduler=args.scheduler,
-            )
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    localizer = _batch_localizer(args.localizer, scenes)
+    with _interrupt_on_sigterm():
+        report = score_batch(
+            predictor,
+            scenes,
+            args.out,
+            fmt=args.format,
+            raster=args.raster,
+            overlay=args.overlay,
+            resume=args.resume,
+            shard=shard,
+            problems=problems,
+            options=_options(args, max_pixels),
+            localizer=localizer,
+            workers=args.workers,
+            scheduler=args.scheduler,
+        )
     print(report.summary(), file=sys.stderr)
     print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
     return report.exit_code()
 
 
 def _run_app(args: argparse.Namespace) -> int:
-    import os
-
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from runtime.contract import ModelError
-    from runtime.registry import default_model, default_models_dir
-
     models_dir = args.models if args.models is not None else str(default_models_dir())
     if args.model is None:
-        try:
-            args.model = str(default_model(models_dir))
-        except ModelError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if args.model is not None and _load_model(args.model) is None:
-        return 2
+        args.model = str(default_model(models_dir))
+    _load_model(args.model)  # an unusable model is refused before the app starts
     auth = None
     if args.username or args.password_env:
         password = os.environ.get(args.password_env or "", "")
@@ -251,8 +233,6 @@ def _run_app(args: argparse.Namespace) -> int:
             )
             return 2
         auth = (args.username, password)
-    from app.web.app import launch
-
     print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
     launch(
         models_dir,
@@ -267,22 +247,10 @@ def _run_app(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from app.scoring.demo import SYNTHETIC_NOTE, run_demo
-
     predictor = _load_model(args.model)
-    if predictor is None:
-        return 2
     print(f"model: {predictor.path}", file=sys.stderr)
-    from app.scoring.detect import cli_localizer
-
-    localizer = cli_localizer(args.localizer) if args.detect or args.localizer else None
-    if (args.detect or args.localizer) and localizer is None:
-        return 2
-    try:
-        result = run_demo(predictor, args.out, progress=not args.quiet, localizer=localizer)
-    except _input_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    localizer = _load_localizer(args.localizer) if args.detect or args.localizer else None
+    result = run_demo(predictor, args.out, progress=not args.quiet, localizer=localizer)
     print(result.report.summary(), file=sys.stderr)
     print(f"example scene: {result.scene}", file=sys.stderr)
     print(f"the same with `score`: {result.command}", file=sys.stderr)
@@ -292,8 +260,6 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `score`, `score-batch`, `app` and `demo` to the top-level subcommands."""
-    from app.scoring.detect import localizer_argument
-
     score = sub.add_parser(
         "score",
         help="grade every building of a scene with an ONNX model (no PyTorch needed)",
@@ -325,9 +291,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     source.add_argument(
         "--labels", metavar="XBD_JSON", help="xBD label JSON whose features.xy are the buildings"
     )
-    score.add_argument(
-        "--out",
-        required=True,
+    add_output_args(
+        score,
         metavar="OUT",
         help="per-building output: .geojson (RFC 7946, EPSG:4326) or .gpkg (pre-grid CRS)",
     )
@@ -342,7 +307,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also write a PNG of the post image with footprints in class colours",
     )
     _common(score)
-    localizer_argument(score)
+    _localizer_argument(score)
     score.set_defaults(func=_run_score)
 
     batch = sub.add_parser(
@@ -363,7 +328,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     batch.add_argument(
         "--scenes", required=True, metavar="CSV|DIR", help="scene list CSV or folder of scenes"
     )
-    batch.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    add_output_args(batch)
     batch.add_argument(
         "--format",
         choices=("geojson", "gpkg"),
@@ -382,11 +347,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "name, the same on every machine); the summary is OUT/summary-I-of-N.json. For "
         "machines that share no Dask cluster; with one, use --scheduler instead",
     )
-    from cli.options import add_engine_arguments
-
     add_engine_arguments(batch, "scene")
     _common(batch)
-    localizer_argument(batch)
+    _localizer_argument(batch)
     batch.set_defaults(func=_run_score_batch)
 
     web = sub.add_parser(
@@ -402,10 +365,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "public share link."
         ),
     )
-    web.add_argument(
-        "--model",
-        metavar="ONNX",
-        help="model offered first (default: default.onnx of --models, else its first model)",
+    add_model_args(
+        web, help="model offered first (default: default.onnx of --models, else its first model)"
     )
     web.add_argument(
         "--models",
@@ -446,19 +407,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "OUT/overlay.png. Prints the equivalent `score` command for your own GeoTIFFs."
         ),
     )
-    demo.add_argument(
-        "--model",
-        metavar="ONNX",
-        help="model file (default: the bundled models/default.onnx)",
-    )
+    add_model_args(demo)
     demo.add_argument(
         "--out", default="work/demo", metavar="DIR", help="output folder (default work/demo)"
     )
-    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_report_args(demo, json=False)
     demo.add_argument(
         "--detect",
         action="store_true",
         help="leave the footprints aside: the localiser finds the buildings, which are graded",
     )
-    localizer_argument(demo)
+    _localizer_argument(demo)
     demo.set_defaults(func=_run_demo)

@@ -304,6 +304,8 @@ def test_score_with_footprints_says_given(loc, rect_scene, tmp_path):
 
 def test_detected_and_given_grade_alike(loc, rect_scene, tmp_path):
     """Detected footprints close to the true ones are graded like them."""
+    from app.scoring.common import ScoreOptions
+    from app.scoring.detect import score_scene_detected
     from app.scoring.scene import score_scene
     from runtime.localizer import Localizer
     from runtime.predictor import Predictor
@@ -311,11 +313,11 @@ def test_detected_and_given_grade_alike(loc, rect_scene, tmp_path):
     predictor = Predictor(DAMAGE_MODEL)
     given = score_scene(
         predictor, [rect_scene["pre"]], [rect_scene["post"]], rect_scene["footprints"],
-        tmp_path / "g.gpkg", progress=False,
+        tmp_path / "g.gpkg", options=ScoreOptions(progress=False),
     )  # fmt: skip
-    found = score_scene(
-        predictor, [rect_scene["pre"]], [rect_scene["post"]], None, tmp_path / "d.gpkg",
-        progress=False, localizer=Localizer(loc),
+    found = score_scene_detected(
+        predictor, [rect_scene["pre"]], [rect_scene["post"]], tmp_path / "d.gpkg",
+        options=ScoreOptions(progress=False), localizer=Localizer(loc),
     )  # fmt: skip
     assert found.detected == len(RECTS) and given.detected is None
     assert found.to_dict()["detected"] == len(RECTS)
@@ -347,6 +349,7 @@ def test_score_xbd_mode_without_labels(loc, rect_scene, tmp_path, capsys):
         r1 - r0
     )
     # with the label file the same command marks the buildings given
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
     from runtime.predictor import Predictor
 
@@ -365,7 +368,7 @@ def test_score_xbd_mode_without_labels(loc, rect_scene, tmp_path, capsys):
     )
     score_xbd(
         Predictor(DAMAGE_MODEL), rect_scene["pre_png"], rect_scene["post_png"], labels,
-        tmp_path / "given.gpkg", progress=False,
+        tmp_path / "given.gpkg", options=ScoreOptions(progress=False),
     )  # fmt: skip
     assert set(_read(tmp_path / "given.gpkg")["source"]) == {"given"}
 
@@ -432,8 +435,8 @@ def test_app_callback_detects_with_the_models_folder_localizer(
     models folder; without one it says how to get one."""
     import shutil
 
-    from app.scoring.detect import app_localizer
     from app.web.app import build_app
+    from app.web.assess import app_localizer
     from app.web.sessions import AppError
 
     no_bundled_localizer(monkeypatch, tmp_path)
@@ -522,10 +525,11 @@ def test_footprint_free_scoring_runs_without_torch(loc, rect_scene, tmp_path):
         "import sys\n"
         "from runtime.localizer import Localizer\n"
         "from runtime.predictor import Predictor\n"
-        "from app.scoring.scene import score_scene\n"
-        f"r = score_scene(Predictor({str(DAMAGE_MODEL)!r}), [{str(rect_scene['pre'])!r}], "
-        f"[{str(rect_scene['post'])!r}], None, {str(tmp_path / 'o.gpkg')!r}, progress=False, "
-        f"localizer=Localizer({str(loc)!r}))\n"
+        "from app.scoring.common import ScoreOptions\n"
+        "from app.scoring.detect import score_scene_detected\n"
+        f"r = score_scene_detected(Predictor({str(DAMAGE_MODEL)!r}), [{str(rect_scene['pre'])!r}], "
+        f"[{str(rect_scene['post'])!r}], {str(tmp_path / 'o.gpkg')!r}, "
+        f"options=ScoreOptions(progress=False), localizer=Localizer({str(loc)!r}))\n"
         "assert r.detected and r.scored, r.summary()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

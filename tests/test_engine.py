@@ -232,6 +232,7 @@ def test_a_worker_killed_mid_batch_changes_nothing(
     from distributed import Client
 
     from app.scoring.batch import read_scene_list, score_batch
+    from app.scoring.common import ScoreOptions
     from runtime.predictor import Predictor
 
     folder = scene_folders(tmp_path / "scenes", synthetic_scene, 36)
@@ -245,7 +246,12 @@ def test_a_worker_killed_mid_batch_changes_nothing(
 
         def run() -> None:
             result["report"] = score_batch(
-                predictor, jobs, out, raster=True, progress=False, client=client
+                predictor,
+                jobs,
+                out,
+                raster=True,
+                options=ScoreOptions(progress=False),
+                client=client,
             )
 
         thread = threading.Thread(target=run)

@@ -232,6 +232,7 @@ def test_max_pixels_from_argument_environment_and_default(monkeypatch):
 
 
 def test_huge_png_header_is_refused_before_decoding(xbd_tile, tmp_path, predictor):
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
 
     huge = replace_image(xbd_tile, "pre", lambda stem, _: huge_png(stem.with_suffix(".png")))
@@ -245,7 +246,10 @@ def test_huge_png_header_is_refused_before_decoding(xbd_tile, tmp_path, predicto
 
     vector = tmp_path / "scored.gpkg"
     with pytest.raises(SceneError, match="40000x40000") as info:
-        score_xbd(predictor, huge, xbd_tile["post"], xbd_tile["labels"], vector, progress=False)
+        score_xbd(
+            predictor, huge, xbd_tile["post"], xbd_tile["labels"], vector,
+            options=ScoreOptions(progress=False),
+        )  # fmt: skip
     assert str(huge) in str(info.value)
     assert not vector.exists()
 
@@ -276,13 +280,19 @@ def test_huge_png_peak_memory_stays_under_1_gb(xbd_tile, tmp_path):
 
 
 def test_truncated_png_is_refused_by_score_xbd(xbd_tile, tmp_path, predictor):
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
 
     post = xbd_tile["post"]
     cut = truncate(post, tmp_path / f"cut{post.suffix}")
     with pytest.raises(SceneError, match="truncated") as info:
         score_xbd(
-            predictor, xbd_tile["pre"], cut, xbd_tile["labels"], tmp_path / "o.gpkg", progress=False
+            predictor,
+            xbd_tile["pre"],
+            cut,
+            xbd_tile["labels"],
+            tmp_path / "o.gpkg",
+            options=ScoreOptions(progress=False),
         )
     assert str(cut) in str(info.value)
     assert not (tmp_path / "o.gpkg").exists()
@@ -303,6 +313,7 @@ def test_truncated_geotiff_tile_is_refused_by_prepare_xbd(xbd_tile, tmp_path):
 
 @pytest.mark.parametrize("kind", ["zeros", "five_bands", "one_band"])
 def test_blank_or_wrong_band_count_tile_writes_nothing(xbd_tile, tmp_path, predictor, kind):
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
 
     def make(stem, old):
@@ -329,7 +340,7 @@ def test_blank_or_wrong_band_count_tile_writes_nothing(xbd_tile, tmp_path, predi
             xbd_tile["post"],
             xbd_tile["labels"],
             tmp_path / "o.gpkg",
-            progress=False,
+            options=ScoreOptions(progress=False),
         )
     assert not (tmp_path / "o.gpkg").exists()
 
@@ -392,6 +403,7 @@ def zero_copies(paths, folder: Path) -> list[Path]:
 
 
 def test_all_zero_pre_imagery_is_blank_not_graded(synthetic_scene, tmp_path, predictor):
+    from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
 
     s = synthetic_scene
@@ -406,7 +418,9 @@ def test_all_zero_pre_imagery_is_blank_not_graded(synthetic_scene, tmp_path, pre
     assert not out.exists() or not any(out.iterdir())  # nothing at all written
 
     vector = tmp_path / "scored.geojson"
-    scored = score_scene(predictor, zeros, s.post, s.buildings, vector, progress=False)
+    scored = score_scene(
+        predictor, zeros, s.post, s.buildings, vector, options=ScoreOptions(progress=False)
+    )
     assert scored.scored == 0
     import json
 
@@ -475,6 +489,7 @@ def test_read_window_over_the_limit_skips_the_building(synthetic_scene, tmp_path
 
 @pytest.mark.parametrize("kind", ["truncated", "five_bands"])
 def test_bad_only_post_tile_is_a_clear_score_error(synthetic_scene, tmp_path, predictor, kind):
+    from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
 
     s = synthetic_scene
@@ -486,7 +501,9 @@ def test_bad_only_post_tile_is_a_clear_score_error(synthetic_scene, tmp_path, pr
         bad = write_raster(tmp_path / "five.tif", np.concatenate([bands, bands[:2]]), like=post)
     vector = tmp_path / "o.geojson"
     with pytest.raises(SceneError) as info:
-        score_scene(predictor, s.pre, [bad], s.buildings, vector, progress=False)
+        score_scene(
+            predictor, s.pre, [bad], s.buildings, vector, options=ScoreOptions(progress=False)
+        )
     text = str(info.value)
     assert str(bad) in text
     assert ("truncated" in text) if kind == "truncated" else ("5 band" in text)

@@ -27,21 +27,22 @@ def _share(flags: list[str]) -> float:
 
 
 def test_a_scene_moved_by_12_pixels_is_flagged_misaligned(synthetic_scene, score_model, tmp_path):
+    from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
     from runtime.predictor import Predictor
 
     s = synthetic_scene
     predictor = Predictor(score_model)
     moved = _shifted_copies([Path(p) for p in s.post], tmp_path / "post", 12, -9)
-    score_scene(predictor, s.pre, s.post, s.buildings, tmp_path / "ref.geojson", progress=False,
-                align="off")  # fmt: skip
-    score_scene(predictor, s.pre, moved, s.buildings, tmp_path / "moved.geojson", progress=False,
-                align="off")  # fmt: skip
+    off = ScoreOptions(progress=False, align="off")
+    score_scene(predictor, s.pre, s.post, s.buildings, tmp_path / "ref.geojson", options=off)
+    score_scene(predictor, s.pre, moved, s.buildings, tmp_path / "moved.geojson", options=off)
     ref, got = _share(_flags(tmp_path / "ref.geojson")), _share(_flags(tmp_path / "moved.geojson"))
     assert ref <= 0.05, ref
     assert got >= 0.8, got
     # with the scene correction on, the move is corrected and the flags go away again
-    score_scene(predictor, s.pre, moved, s.buildings, tmp_path / "fixed.geojson", progress=False)
+    on = ScoreOptions(progress=False)
+    score_scene(predictor, s.pre, moved, s.buildings, tmp_path / "fixed.geojson", options=on)
     assert _share(_flags(tmp_path / "fixed.geojson")) <= 0.05
 
 
@@ -52,6 +53,7 @@ def test_a_real_xbd_tile_with_a_moved_post_is_flagged_misaligned(tmp_path):
     correction off the moved buildings are flagged, with it on the move is corrected."""
     import cv2
 
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
     from runtime.predictor import Predictor
     from tests.conftest import REPO, shared_data
@@ -68,10 +70,11 @@ def test_a_real_xbd_tile_with_a_moved_post_is_flagged_misaligned(tmp_path):
     moved_path = tmp_path / post.name
     cv2.imwrite(str(moved_path), moved)
     predictor = Predictor(model)
-    run = dict(progress=False, align="off")
+    run = dict(options=ScoreOptions(progress=False, align="off"))
     score_xbd(predictor, pre, post, labels, tmp_path / "ref.gpkg", **run)
     score_xbd(predictor, pre, moved_path, labels, tmp_path / "moved.gpkg", **run)
-    score_xbd(predictor, pre, moved_path, labels, tmp_path / "fixed.gpkg", progress=False)
+    on = ScoreOptions(progress=False)
+    score_xbd(predictor, pre, moved_path, labels, tmp_path / "fixed.gpkg", options=on)
     assert _share(_flags(tmp_path / "ref.gpkg")) <= 0.02
     assert _share(_flags(tmp_path / "moved.gpkg")) >= 0.95
     assert _share(_flags(tmp_path / "fixed.gpkg")) <= 0.02

@@ -173,6 +173,7 @@ def test_one_stretch_for_pre_and_post_keeps_a_darkening(tmp_path):
 def test_prepare_and_score_scene_are_the_same_on_copies(
     synthetic_scene, default_predictor, tmp_path, kind
 ):
+    from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
 
     s = synthetic_scene
@@ -184,7 +185,12 @@ def test_prepare_and_score_scene_are_the_same_on_copies(
         report = prepare_scene(p, q, s.buildings, out, label_field=s.label_field, progress=False)
         assert report.chips == s.covered and report.skipped == []
         scored = score_scene(
-            default_predictor, p, q, s.buildings, tmp_path / f"{name}.geojson", progress=False
+            default_predictor,
+            p,
+            q,
+            s.buildings,
+            tmp_path / f"{name}.geojson",
+            options=ScoreOptions(progress=False),
         )
         runs[name] = (out, scored)
     assert_same_store(runs["u8"][0], runs[kind][0])
@@ -201,6 +207,7 @@ def test_prepare_and_score_scene_are_the_same_on_copies(
 def test_prepare_and_score_xbd_are_the_same_on_copies(
     synthetic_xbd, default_predictor, tmp_path, kind
 ):
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
 
     labels = sorted((synthetic_xbd / "labels").glob("*_post_disaster.json"))[:2]
@@ -232,7 +239,12 @@ def test_prepare_and_score_xbd_are_the_same_on_copies(
         )
         out = tmp_path / f"{name}.gpkg"
         score_xbd(
-            default_predictor, pre, post, root / "labels" / labels[0].name, out, progress=False
+            default_predictor,
+            pre,
+            post,
+            root / "labels" / labels[0].name,
+            out,
+            options=ScoreOptions(progress=False),
         )
         outs.append(out)
     from pyogrio import read_dataframe
@@ -246,6 +258,7 @@ def test_prepare_and_score_xbd_are_the_same_on_copies(
 @pytest.mark.realdata
 @pytest.mark.parametrize("kind", KINDS)
 def test_joplin_copies_give_the_same_chips_and_grades(default_predictor, tmp_path, kind):
+    from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
 
     root = shared_data("joplin_geotiff")
@@ -263,7 +276,12 @@ def test_joplin_copies_give_the_same_chips_and_grades(default_predictor, tmp_pat
         assert report.chips > 20
         stores.append(out)
         score_scene(
-            default_predictor, p, q, buildings, tmp_path / f"{name}.geojson", progress=False
+            default_predictor,
+            p,
+            q,
+            buildings,
+            tmp_path / f"{name}.geojson",
+            options=ScoreOptions(progress=False),
         )
         features.append(scored_features(tmp_path / f"{name}.geojson"))
     assert_same_store(*stores)

@@ -67,7 +67,7 @@ def scene_scored(tmp_path_factory, synthetic_scene, score_model):
 
 
 def _probability_checks(df, class_names):
-    from app.scoring.scene import probability_columns
+    from app.scoring.common import probability_columns
 
     cols = probability_columns(class_names)
     scored = df[df["status"] == "scored"]
@@ -117,7 +117,7 @@ def test_scene_with_test_time_augmentation(
     import geopandas as gpd
     import pyogrio
 
-    from app.scoring.scene import probability_columns
+    from app.scoring.common import probability_columns
 
     s = synthetic_scene
     out = tmp_path / "tta.gpkg"
@@ -263,13 +263,19 @@ def test_scene_chips_are_the_prepare_scene_chips(tmp_path, synthetic_scene, pred
     """Scoring grades exactly the chips `prepare scene` cuts with the model's chip spec."""
     import geopandas as gpd
 
-    from app.scoring.scene import probability_columns, score_scene
+    from app.scoring.common import ScoreOptions, probability_columns
+    from app.scoring.scene import score_scene
     from data_prep.scene_store import prepare_scene
     from data_prep.store import ChipReader, read_manifest
 
     s = synthetic_scene
     report = score_scene(
-        predictor, s.pre, s.post, s.buildings, tmp_path / "s.geojson", progress=False
+        predictor,
+        s.pre,
+        s.post,
+        s.buildings,
+        tmp_path / "s.geojson",
+        options=ScoreOptions(progress=False),
     )
     assert report.scored == s.covered and report.not_covered == s.not_covered
     prepare_scene(
@@ -295,7 +301,7 @@ def _xbd_tile(root: Path, name: str = "synthetic-flood_00000000"):
 def test_xbd_labels_mode(tmp_path, synthetic_xbd, score_model, predictor):
     import geopandas as gpd
 
-    from app.scoring.scene import probability_columns
+    from app.scoring.common import probability_columns
     from data_prep.store import ChipReader, read_manifest
     from data_prep.xbd import prepare_xbd
 
@@ -515,6 +521,7 @@ def test_bad_output_names_are_refused_before_work(tmp_path, synthetic_scene, cap
 def test_failed_scene_leaves_no_outputs(tmp_path, synthetic_scene, predictor, monkeypatch):
     """A failure after the raster is written removes it: a scene's outputs are all or nothing."""
     import app.scoring.outputs
+    from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
 
     def broken(*args, **kwargs):
@@ -531,7 +538,7 @@ def test_failed_scene_leaves_no_outputs(tmp_path, synthetic_scene, predictor, mo
             tmp_path / "o.geojson",
             raster=tmp_path / "o.tif",
             overlay=tmp_path / "o.png",
-            progress=False,
+            options=ScoreOptions(progress=False),
         )
     assert list(tmp_path.iterdir()) == []
 

@@ -115,6 +115,7 @@ def test_folder_batch_gpkg_raster_overlay(tmp_path, synthetic_scene, score_model
 
 
 def test_model_is_loaded_once(tmp_path, synthetic_scene, score_model, monkeypatch):
+    import cli.score
     import runtime.predictor
 
     loads = []
@@ -124,7 +125,7 @@ def test_model_is_loaded_once(tmp_path, synthetic_scene, score_model, monkeypatc
             loads.append(args)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(runtime.predictor, "Predictor", Counting)
+    monkeypatch.setattr(cli.score, "Predictor", Counting)
     scenes = tmp_path / "scenes"
     for name in ("a", "b", "c"):
         scene_folder(scenes, name, synthetic_scene)

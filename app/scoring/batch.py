@@ -10,29 +10,46 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import logging
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from app.scoring.common import RASTER_SUFFIXES, ScoreOptions
+from app.scoring.detect import score_scene_detected
 from app.scoring.outputs import FORMAT_SUFFIX, OutputError
-from app.scoring.scene import BLOCK_SIZE, RASTER_SUFFIXES, score_scene
+from app.scoring.scene import score_scene
+from data_prep.engine import (
+    JobFailed,
+    default_workers,
+    describe,
+    map_jobs,
+    open_client,
+    scheduler_address,
+    threads_per_worker,
+)
+from data_prep.errors import LocalDamageError
 from data_prep.mosaic import SceneError
 from data_prep.report import Skipped
+from data_prep.store import safe_name, write_json
+from runtime.localizer import Localizer
+from runtime.predictor import Predictor
 
-if TYPE_CHECKING:
-    from runtime.predictor import Predictor
+log = logging.getLogger(__name__)
 
 #: Footprint file suffixes recognised in scene folders.
 FOOTPRINT_SUFFIXES = (".geojson", ".json", ".gpkg", ".shp", ".fgb")
 #: Summary of a batch (``summary-<i>-of-<n>.json`` for a shard).
 BATCH_SUMMARY = "summary.json"
+
+
+class BatchError(LocalDamageError, ValueError):
+    """A batch option that cannot be used; the message names it and says what is accepted."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +95,6 @@ def read_scene_list(source: str | os.PathLike) -> tuple[list[SceneJob], list[Ski
         SceneError: the source does not exist, a CSV lacks a required column, or a folder holds
             no scene folders.
     """
-    from data_prep.store import safe_name
-
     source = Path(source)
     if not source.exists():
         raise SceneError(source, "scene list not found (a CSV file or a folder of scene folders)")
@@ -197,15 +212,15 @@ def parse_shard(text: str) -> tuple[int, int]:
     """``"I/N"`` -> (I, N) with 1 <= I <= N.
 
     Raises:
-        ValueError: for anything else.
+        BatchError: for anything else.
     """
     try:
         i_text, n_text = text.split("/")
         i, n = int(i_text), int(n_text)
     except ValueError:
-        raise ValueError(f"--shard {text!r}: expected I/N, e.g. 1/4 (shards 1 to N)") from None
+        raise BatchError(f"--shard {text!r}: expected I/N, e.g. 1/4 (shards 1 to N)") from None
     if n < 1 or not 1 <= i <= n:
-        raise ValueError(f"--shard {text!r}: shards are numbered 1 to N, with N >= 1")
+        raise BatchError(f"--shard {text!r}: shards are numbered 1 to N, with N >= 1")
     return i, n
 
 
@@ -219,8 +234,6 @@ def scene_outputs(
     out_dir: str | os.PathLike, name: str, fmt: str, raster: bool, overlay: bool
 ) -> dict[str, Path]:
     """Output paths of one scene of a batch: kind -> path."""
-    from data_prep.store import safe_name
-
     out_dir, stem = Path(out_dir), safe_name(name)
     paths = {"vector": out_dir / f"{stem}{FORMAT_SUFFIX[fmt]}"}
     if raster:
@@ -322,7 +335,7 @@ class _SceneTask:
 
     job: SceneJob
     paths: dict[str, Path]
-    options: dict
+    options: ScoreOptions
 
 
 @dataclass(frozen=True)
@@ -343,15 +356,11 @@ _LOADED: dict[_Models, tuple] = {}
 def _score_on_worker(task: _SceneTask, models: _Models) -> dict:
     """A Dask job: score one scene with models loaded once per worker process."""
     if models not in _LOADED:
-        from runtime.predictor import Predictor
-
         predictor = Predictor(
             models.model, providers=models.providers, threads=models.threads, tta=models.tta
         )
         localizer = None
         if models.localizer is not None:
-            from runtime.localizer import Localizer
-
             localizer = Localizer(models.localizer, threads=models.threads)
         _LOADED.clear()
         _LOADED[models] = (predictor, localizer)
@@ -365,20 +374,33 @@ def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
     are removed first; outputs are renamed into place only when complete."""
     job, paths = task.job, task.paths
     _remove_stale_temporaries(paths.values())
+    options = replace(task.options, progress=progress)
+    vector, raster, overlay = paths["vector"], paths.get("raster"), paths.get("overlay")
     try:
-        result = score_scene(
-            predictor,
-            job.pre,
-            job.post,
-            job.buildings,
-            paths["vector"],
-            raster=paths.get("raster"),
-            overlay=paths.get("overlay"),
-            name=job.name,
-            progress=progress,
-            localizer=localizer,
-            **task.options,
-        )
+        if job.buildings is None:  # no footprints: the localiser finds the buildings
+            result = score_scene_detected(
+                predictor,
+                job.pre,
+                job.post,
+                vector,
+                localizer=localizer,
+                raster=raster,
+                overlay=overlay,
+                name=job.name,
+                options=options,
+            )
+        else:
+            result = score_scene(
+                predictor,
+                job.pre,
+                job.post,
+                job.buildings,
+                vector,
+                raster=raster,
+                overlay=overlay,
+                name=job.name,
+                options=options,
+            )
     except (SceneError, OutputError, OSError) as exc:
         return {"status": "failed", "error": str(exc)}
     except Exception as exc:  # a bad scene must not stop the batch
@@ -397,11 +419,7 @@ def score_batch(
     resume: bool = False,
     shard: tuple[int, int] | None = None,
     problems: Sequence[Skipped] = (),
-    batch_size: int = 32,
-    block_size: int = BLOCK_SIZE,
-    progress: bool = True,
-    max_pixels: int | None = None,
-    align: str = "auto",
+    options: ScoreOptions | None = None,
     localizer=None,
     workers: int | None = 1,
     scheduler: str | None = None,
@@ -424,13 +442,9 @@ def score_batch(
         resume: skip scenes whose outputs exist.
         shard: ``(i, n)``: score only the scenes with :func:`shard_of` ``== i``.
         problems: scene-list entries that could not be used, carried into the summary.
-        batch_size: chips per inference batch.
-        block_size: side in grid pixels of the blocks whose buildings share one read.
-        progress: show progress bars over scenes and buildings.
-        max_pixels: pixel limit per internal block and per read window (default
-            :func:`data_prep.quality.max_pixels`).
-        align: post-to-pre alignment of every scene, ``auto`` or ``off`` (see
-            :func:`app.scoring.scene.score_scene`); each scene's report records its shift.
+        options: how every scene is scored (:class:`app.scoring.common.ScoreOptions`: batch
+            size, block size, pixel limit, alignment; each scene's report records its shift);
+            ``options.progress`` shows progress bars over scenes and buildings.
         localizer: the :class:`runtime.localizer.Localizer` that finds the buildings of scenes
             without footprints (default: the bundled one; none available: those scenes fail
             with a message saying how to get one).
@@ -445,8 +459,8 @@ def score_batch(
     Returns:
         The batch report; it is also written to :func:`summary_path` and printed by the CLI.
     """
-    from data_prep.engine import JobFailed, default_workers
-
+    options = options or ScoreOptions()
+    progress = options.progress
     if fmt not in FORMAT_SUFFIX:
         raise OutputError(f"unknown format {fmt!r}; use geojson or gpkg")
     start = time.perf_counter()
@@ -456,12 +470,6 @@ def score_batch(
     report = BatchReport(problems=list(problems), shard=shard)
     entries: list[dict] = []
     todo: list[_SceneTask] = []
-    options = {
-        "batch_size": batch_size,
-        "block_size": block_size,
-        "max_pixels": max_pixels,
-        "align": align,
-    }
     for job in mine:
         paths = scene_outputs(out_dir, job.name, fmt, raster, overlay)
         entry: dict = {"name": job.name, "outputs": {k: str(v) for k, v in paths.items()}}
@@ -487,22 +495,12 @@ def score_batch(
         by_name[task.job.name].update(result)
     report.scenes.extend(entries)
     report.seconds = time.perf_counter() - start
-    from data_prep.store import write_json
-
     write_json(summary_path(out_dir, shard), report.to_dict())
     return report
 
 
 def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client) -> list:
     """The results of :func:`_score_task` over ``todo``: here, or as Dask jobs."""
-    from data_prep.engine import (
-        describe,
-        map_jobs,
-        open_client,
-        scheduler_address,
-        threads_per_worker,
-    )
-
     with open_client(workers, scheduler) if client is None else nullcontext(client) as cluster:
         if cluster is None:  # in this process, with the loaded models and per-scene bars
             results = map_jobs(
@@ -514,7 +512,7 @@ def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client)
             )
         else:
             if progress:
-                print(f"scoring {len(todo)} scene(s) {describe(cluster)}", file=sys.stderr)
+                log.info("scoring %d scene(s) %s", len(todo), describe(cluster))
             models = _Models(
                 str(Path(predictor.path).absolute()),
                 tuple(predictor.providers),

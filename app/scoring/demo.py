@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.scoring.scene import ScoreReport, score_scene
+from app.scoring.common import ScoreOptions, ScoreReport
+from app.scoring.detect import score_scene_detected
+from app.scoring.scene import score_scene
 from data_prep.synthetic_scene import make_scene
 from runtime.predictor import Predictor
 
@@ -53,18 +55,32 @@ def run_demo(
     out = Path(out)
     scene = make_scene(out / "scene")
     vector, raster, overlay = out / "buildings.geojson", out / "damage.tif", out / "overlay.png"
-    report = score_scene(
-        predictor,
-        [str(p) for p in scene.pre],
-        [str(p) for p in scene.post],
-        None if localizer is not None else scene.buildings,
-        vector,
-        raster=raster,
-        overlay=overlay,
-        name="example",
-        progress=progress,
-        localizer=localizer,
-    )
+    pre, post = [str(p) for p in scene.pre], [str(p) for p in scene.post]
+    options = ScoreOptions(progress=progress)
+    if localizer is not None:
+        report = score_scene_detected(
+            predictor,
+            pre,
+            post,
+            vector,
+            localizer=localizer,
+            raster=raster,
+            overlay=overlay,
+            name="example",
+            options=options,
+        )
+    else:
+        report = score_scene(
+            predictor,
+            pre,
+            post,
+            scene.buildings,
+            vector,
+            raster=raster,
+            overlay=overlay,
+            name="example",
+            options=options,
+        )
     command = (
         "local-damage score --model "
         + str(predictor.path)

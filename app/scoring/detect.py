@@ -1,9 +1,10 @@
 """Scoring without footprints: the localiser's buildings become the footprints that are graded.
 
-Given no footprint file, :func:`app.scoring.scene.score_scene` and :func:`app.scoring.xbd.score_xbd` find the
-buildings with a localiser (:mod:`runtime.localizer`) and grade them exactly as supplied footprints
-are graded; every output feature says where its building came from in a ``source`` column,
-``given`` (supplied footprints) or ``detected`` (found by the localiser).
+Given no footprint file, :func:`score_scene_detected` and :func:`score_xbd_detected` find the
+buildings with a localiser (:mod:`runtime.localizer`), then grade them with
+:func:`app.scoring.scene.score_scene` and :func:`app.scoring.xbd.score_xbd` exactly as supplied
+footprints are graded; every output feature says where its building came from in a ``source``
+column, ``given`` (supplied footprints) or ``detected`` (found by the localiser).
 
 - Scene mode: :func:`detect_scene_footprints` reads the pre mosaic one block at a time
   (:func:`runtime.localizer.detect_scene`) and writes the buildings, in the pre grid's CRS, to a
@@ -18,16 +19,32 @@ building's chips, corrections and Adapt work on detected buildings as on uploade
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from app.scoring.common import (
+    ScoreOptions,
+    ScoreReport,
+    bounded_gdal_cache,
+    check_outputs,
+    image_georef,
+)
+from app.scoring.scene import score_scene
+from app.scoring.xbd import score_xbd
+from data_prep.imagery import ImageError, split_file_message
+from data_prep.mosaic import SceneError, open_scene
+from data_prep.store import atomic_path
+from data_prep.xbd import read_tile_pair
+from runtime.contract import ModelError
+from runtime.localizer import detect_scene, load_localizer
 
 #: ``source`` of a building whose footprint was supplied.
 GIVEN = "given"
@@ -44,13 +61,8 @@ def require_localizer(localizer, what: str):
         SceneError: naming ``what`` (the missing footprints), when no localiser is available or
             the file is not a valid localiser.
     """
-    from data_prep.mosaic import SceneError
-    from runtime.contract import ModelError
-
     if localizer is not None:
         return localizer
-    from runtime.localizer import load_localizer
-
     try:
         return load_localizer()
     except ModelError as exc:
@@ -94,16 +106,12 @@ def write_xbd_labels(polygons: Sequence, path: str | os.PathLike, image_name: st
         "features": {"lng_lat": [], "xy": features},
         "metadata": {"img_name": image_name, "source": DETECTED},
     }
-    from data_prep.store import atomic_path
-
     with atomic_path(Path(path), suffix=".json") as tmp:
         Path(tmp).write_text(json.dumps(data))
     return len(features)
 
 
-def _none_found(localizer, item: str):
-    from data_prep.mosaic import SceneError
-
+def _none_found(localizer, item: str) -> SceneError:
     return SceneError(
         item,
         f"the building localiser {localizer.path.name} found no building in the pre imagery "
@@ -133,10 +141,6 @@ def detect_scene_footprints(
     Raises:
         SceneError: unusable imagery, or no building found.
     """
-    from app.scoring.scene import bounded_gdal_cache
-    from data_prep.mosaic import open_scene
-    from runtime.localizer import detect_scene
-
     with bounded_gdal_cache(), open_scene(pre, post, max_pixels) as scene:
         polygons = detect_scene(localizer, scene, block_size=block_size, progress=progress)
         n = write_footprints_gpkg(polygons, path, scene.grid.crs)
@@ -159,10 +163,6 @@ def detect_xbd_labels(
     Raises:
         SceneError: an unreadable, blank or too large image, or no building found.
     """
-    from data_prep.imagery import ImageError, split_file_message
-    from data_prep.mosaic import SceneError
-    from data_prep.xbd import read_tile_pair
-
     try:
         image, _ = read_tile_pair(pre, post, max_pixels)
     except ImageError as exc:
@@ -184,6 +184,12 @@ def temporary_folder() -> Iterator[Path]:
     """A temporary folder for detected footprints, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="local-damage-detected-") as tmp:
         yield Path(tmp)
+
+
+def pixel_pair(pre: Sequence[str | os.PathLike], post: Sequence[str | os.PathLike]) -> bool:
+    """Whether a footprint-free ``score`` is an xBD-mode one: a single pre and post image, the
+    pre image without georeferencing (a pixel-aligned pair such as xBD's PNGs)."""
+    return len(pre) == 1 and len(post) == 1 and image_georef(pre[0])[0] is None
 
 
 def detect_tile(
@@ -215,106 +221,111 @@ def detect_tile(
     return path
 
 
-# --------------------------------------------------------------------------- command line
+# --------------------------------------------------------------------------- detect, then grade
 
 
-def localizer_argument(parser) -> None:
-    """Add ``--localizer PATH`` to a subcommand's parser."""
-    parser.add_argument(
-        "--localizer",
-        metavar="ONNX",
-        help="building localiser used when no footprints are given (default: models/"
-        "localizer.onnx when present; see docs/localize.md)",
-    )
+def score_scene_detected(
+    predictor,
+    pre: Sequence[str | os.PathLike],
+    post: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    localizer=None,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+    name: str | None = None,
+    options: ScoreOptions | None = None,
+) -> ScoreReport:
+    """Find the buildings of a georeferenced scene with the localiser, then grade them as
+    :func:`app.scoring.scene.score_scene` grades footprints (``source`` ``detected``).
 
+    Args:
+        predictor: the loaded damage model (:class:`runtime.predictor.Predictor`).
+        pre, post: the scene's pre- and post-disaster GeoTIFF tiles.
+        out, raster, overlay: the outputs, as :func:`app.scoring.scene.score_scene` writes them.
+        localizer: the :class:`runtime.localizer.Localizer` (default: the bundled one).
+        name: scene name (default: the first pre file's stem without ``_pre_disaster``).
+        options: as for :func:`app.scoring.scene.score_scene`; the localiser reads the pre
+            mosaic in blocks of ``options.block_size``.
 
-def cli_localizer(path: str | None):
-    """The localiser for a command (``--localizer``, else the default), or None after printing
-    why there is none."""
-    import sys
-
-    from runtime.contract import ModelError
-    from runtime.localizer import load_localizer
-
-    try:
-        return load_localizer(path)
-    except ModelError as exc:
-        print(f"error: no footprints given: {exc}", file=sys.stderr)
-        return None
-
-
-def pixel_pair(pre: Sequence[str | os.PathLike], post: Sequence[str | os.PathLike]) -> bool:
-    """Whether a footprint-free ``score`` is an xBD-mode one: a single pre and post image, the
-    pre image without georeferencing (a pixel-aligned pair such as xBD's PNGs)."""
-    from app.scoring.xbd import _image_georef
-
-    return len(pre) == 1 and len(post) == 1 and _image_georef(pre[0])[0] is None
-
-
-# --------------------------------------------------------------------------- web app
-
-
-@functools.lru_cache(maxsize=8)
-def _app_localizer(path: str):
-    from runtime.localizer import Localizer
-
-    return Localizer(path)
-
-
-def app_localizer(models_dir: str | os.PathLike | None = None):
-    """The web app's localiser: ``localizer.onnx`` of the app's models folder, else the default
-    one (:func:`runtime.registry.default_localizer`); loaded once.
+    Returns:
+        The report, with ``detected`` (buildings found) and ``seconds`` (detection included).
 
     Raises:
-        AppError: none available (saying how to get one), or not a valid localiser.
+        OutputError: an output path with an unusable suffix (checked before any work).
+        SceneError: no localiser available, unusable imagery, or no building found.
     """
-    from app.web.sessions import AppError
-    from runtime.contract import ModelError
-    from runtime.registry import LOCALIZER_NAME, default_localizer
-
-    path = None
-    if models_dir is not None and (Path(models_dir) / LOCALIZER_NAME).is_file():
-        path = Path(models_dir) / LOCALIZER_NAME
-    path = path or default_localizer()
-    if path is None:
-        raise AppError(
-            "no footprints uploaded and no building localiser model available to detect the "
-            f"buildings: upload footprints, or put a localiser at models/{LOCALIZER_NAME} "
-            "(see docs/localize.md) and restart the app"
+    start = time.perf_counter()
+    options = options or ScoreOptions()
+    check_outputs(out, raster, overlay)
+    localizer = require_localizer(localizer, "--buildings")
+    with temporary_folder() as tmp:
+        found = detect_scene_footprints(
+            localizer,
+            pre,
+            post,
+            tmp / "detected.gpkg",
+            block_size=options.block_size,
+            max_pixels=options.max_pixels,
+            progress=options.progress,
         )
-    try:
-        return _app_localizer(str(Path(path).resolve()))
-    except ModelError as exc:
-        raise AppError(f"localiser {Path(path).name}: {exc}") from exc
-
-
-def app_detect(localizer, pre: Path, post: Path, out_dir: Path, max_pixels: int | None) -> Path:
-    """:func:`detect_tile` for the web app: the footprint file written under
-    ``out_dir/detected``; unusable input as :class:`app.web.sessions.AppError`."""
-    from app.scoring.xbd import _image_georef
-    from app.web.assess import _short
-    from app.web.sessions import AppError
-    from data_prep.imagery import ImageError
-    from data_prep.mosaic import SceneError
-
-    if localizer is None:
-        raise AppError("no footprints uploaded and no building localiser to detect buildings")
-    georeferenced = all(_image_georef(p)[0] is not None for p in (pre, post))
-    try:
-        return detect_tile(
-            localizer, pre, post, Path(out_dir) / "detected", georeferenced, max_pixels
+        report = score_scene(
+            predictor,
+            pre,
+            post,
+            tmp / "detected.gpkg",
+            out,
+            raster=raster,
+            overlay=overlay,
+            name=name or scene_name(pre[0]),
+            source=DETECTED,
+            options=options,
         )
-    except (SceneError, ImageError) as exc:
-        raise AppError(_short(str(exc))) from exc
+    report.detected, report.seconds = found, time.perf_counter() - start
+    return report
 
 
-def cli_batch_localizer(path: str | None, scenes) -> tuple[bool, object]:
-    """``(ok, localizer)`` for ``score-batch``: the localiser when some scene has no footprints
-    and one is given or bundled (None otherwise: those scenes then fail with a message saying
-    how to get one, and the rest are scored); ``ok`` False when a given file is not usable."""
-    from runtime.registry import default_localizer
+def score_xbd_detected(
+    predictor,
+    pre: str | os.PathLike,
+    post: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    localizer=None,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+    name: str | None = None,
+    options: ScoreOptions | None = None,
+) -> ScoreReport:
+    """Find the buildings of a pixel-aligned pre/post pair's pre image with the localiser, then
+    grade them as :func:`app.scoring.xbd.score_xbd` grades label polygons (``source``
+    ``detected``).
 
-    if not any(s.buildings is None for s in scenes) or not (path or default_localizer()):
-        return True, None
-    localizer = cli_localizer(path)
-    return localizer is not None, localizer
+    Args and Returns: as :func:`score_scene_detected`, for one pre and one post image.
+
+    Raises:
+        OutputError: an output path with an unusable suffix (checked before any work).
+        SceneError: no localiser available, an unusable image, or no building found.
+    """
+    start = time.perf_counter()
+    options = options or ScoreOptions()
+    check_outputs(out, raster, overlay)
+    localizer = require_localizer(localizer, "--labels")
+    name = name or scene_name(pre)
+    with temporary_folder() as tmp:
+        path = tmp / f"{name}_pre_disaster.json"
+        found = detect_xbd_labels(localizer, pre, post, path, options.max_pixels)
+        report = score_xbd(
+            predictor,
+            pre,
+            post,
+            path,
+            out,
+            raster=raster,
+            overlay=overlay,
+            name=name,
+            source=DETECTED,
+            options=options,
+        )
+    report.detected, report.seconds = found, time.perf_counter() - start
+    return report

@@ -1,9 +1,10 @@
 """Scoring in xBD mode: one xBD pre/post image pair and its label JSON, without torch.
 
-:func:`score_xbd` grades every ``features.xy`` polygon of an xBD label file (or the buildings a
-localiser finds when there is none) on a pixel-aligned pre/post pair (PNG or TIFF), with the
-shared scoring machinery of :mod:`app.scoring.scene` (chips cut by ``data_prep``, the ONNX model through
-:class:`runtime.predictor.Predictor`, the same output columns and files as scene mode).
+:func:`score_xbd` grades every ``features.xy`` polygon of an xBD label file on a pixel-aligned
+pre/post pair (PNG or TIFF), with the shared scoring machinery of :mod:`app.scoring.common`
+(chips cut by ``data_prep``, the ONNX model through :class:`runtime.predictor.Predictor`, the
+same output columns and files as scene mode). Without a label file, the localiser's buildings
+are graded instead (:func:`app.scoring.detect.score_xbd_detected`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from tqdm import tqdm
 
-from app.scoring.outputs import overlay_size
-from app.scoring.scene import (
+from app.scoring import outputs
+from app.scoring.common import (
     NOT_COVERED,
     SKIPPED,
+    Batcher,
+    ScoreOptions,
     ScoreReport,
-    _all_or_nothing,
-    _Batcher,
-    _report_counts,
-    _Scores,
-    _to_crs,
-    _write_features,
+    Scores,
+    all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    image_georef,
+    report_counts,
+    to_crs,
+    write_features,
 )
-from data_prep.mosaic import SceneError
-from data_prep.report import Skipped
+from data_prep.alignment import align_images
+from data_prep.imagery import ImageError, split_file_message
+from data_prep.mosaic import Grid, SceneError
+from data_prep.quality import blank_reason
+from data_prep.report import PrepareReport, Skipped
+from data_prep.residual import image_context_residual
+from data_prep.windows import chip_window, cut_pair
+from data_prep.xbd import parse_buildings, read_tile_pair
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -64,40 +74,18 @@ def _xbd_features(labels: Path) -> tuple[list[dict], dict[str, str]]:
     return out, lonlat
 
 
-def _image_georef(path: str | os.PathLike):
-    """(crs, transform) of a georeferenced image, (None, None) for a plain pixel image."""
-    import warnings
-
-    import rasterio
-    from rasterio.errors import NotGeoreferencedWarning, RasterioError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotGeoreferencedWarning)
-            with rasterio.open(path) as ds:
-                if ds.crs is not None and not ds.transform.is_identity:
-                    return ds.crs, ds.transform
-    except RasterioError:
-        pass
-    return None, None
-
-
 def score_xbd(
     predictor: Predictor,
     pre: str | os.PathLike,
     post: str | os.PathLike,
-    labels: str | os.PathLike | None,
+    labels: str | os.PathLike,
     out: str | os.PathLike,
     *,
     raster: str | os.PathLike | None = None,
     overlay: str | os.PathLike | None = None,
-    batch_size: int = 32,
     name: str | None = None,
-    progress: bool = True,
-    max_pixels: int | None = None,
-    align: str = "auto",
-    localizer=None,
     source: str = "given",
+    options: ScoreOptions | None = None,
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
 
@@ -117,20 +105,16 @@ def score_xbd(
     Args:
         predictor: the loaded ONNX model.
         pre, post: the pre- and post-disaster images (same size).
-        labels: xBD label JSON (post or pre; only the polygons are used); None to detect the
-            buildings on the pre image with ``localizer`` (:mod:`app.scoring.detect`).
+        labels: xBD label JSON (post or pre; only the polygons are used); without one,
+            :func:`app.scoring.detect.score_xbd_detected` finds the buildings.
         out: ``.geojson`` or ``.gpkg``.
         raster: optional ``.tif`` class raster on the image's pixel grid.
         overlay: optional ``.png`` overlay.
-        batch_size: chips per inference batch.
         name: scene name (default: the label file's stem without ``_post_disaster``).
-        progress: show a progress bar over buildings.
-        max_pixels: pixel limit per image, checked before decoding (default
-            :func:`data_prep.quality.max_pixels`).
-        align: ``auto`` (measure and correct the post-to-pre shift) or ``off``.
-        localizer: the :class:`runtime.localizer.Localizer` that finds the buildings when ``labels``
-            is None (default: the bundled one, when present).
         source: the output ``source`` of every building (``given`` or ``detected``).
+        options: batch size, pixel limit per image (checked before decoding), alignment and
+            progress bar (default :class:`~app.scoring.common.ScoreOptions`; the block size is
+            a scene-mode option).
 
     Returns:
         The report.
@@ -142,42 +126,9 @@ def score_xbd(
             polygons and without georeferenced images.
         OutputError: an output path with an unusable suffix.
     """
-    from tqdm import tqdm
-
-    from data_prep.imagery import ImageError, split_file_message
-    from data_prep.quality import blank_reason
-    from data_prep.report import PrepareReport
-    from data_prep.residual import image_context_residual
-    from data_prep.windows import chip_window, cut_pair
-    from data_prep.xbd import parse_buildings, read_tile_pair
-
     start = time.perf_counter()
+    options = options or ScoreOptions()
     fmt = check_outputs(out, raster, overlay)
-    if labels is None:
-        from app.scoring import detect
-
-        localizer = detect.require_localizer(localizer, "--labels")
-        name = name or detect.scene_name(pre)
-        with detect.temporary_folder() as tmp:
-            path = tmp / f"{name}_pre_disaster.json"
-            found = detect.detect_xbd_labels(localizer, pre, post, path, max_pixels)
-            report = score_xbd(
-                predictor,
-                pre,
-                post,
-                path,
-                out,
-                raster=raster,
-                overlay=overlay,
-                batch_size=batch_size,
-                name=name,
-                progress=progress,
-                max_pixels=max_pixels,
-                align=align,
-                source=detect.DETECTED,
-            )
-        report.detected, report.seconds = found, time.perf_counter() - start
-        return report
     labels = Path(labels)
     name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
     class_names = tuple(predictor.class_names)
@@ -193,7 +144,7 @@ def score_xbd(
     if not features:
         raise SceneError(labels, "holds no building polygons in features.xy; nothing to score")
     try:
-        pre_img, post_img = read_tile_pair(pre, post, max_pixels)
+        pre_img, post_img = read_tile_pair(pre, post, options.max_pixels)
     except ImageError as exc:
         item, text = split_file_message(str(exc), (pre, post))
         raise SceneError(item or pre, text) from exc
@@ -205,13 +156,12 @@ def score_xbd(
             "(use --buildings with georeferenced GeoTIFFs to have post warped onto pre)",
         )
     height, width = pre_img.shape[:2]
-    crs, transform = _image_georef(pre)
-    from data_prep.alignment import align_images
+    crs, transform = image_georef(pre)
 
     post_img, shift = align_images(
         pre_img,
         post_img,
-        align,
+        options.align,
         res=abs(transform.a) if crs is not None else 1.0,
         units=(crs.linear_units or "units") if crs is not None else "pixel",
     )
@@ -219,15 +169,14 @@ def score_xbd(
 
     n = len(features)
     report.buildings = n
-    scores = _Scores(n, len(class_names))
-    scores.source = source
+    scores = Scores(n, len(class_names), source)
     by_uid = {b.uid: b for b in buildings}
     reasons = {s.item: s.reason for s in parsed.skipped}
     used: set[str] = set()
     spec = predictor.spec
-    batcher = _Batcher(predictor, scores, batch_size)
+    batcher = Batcher(predictor, scores, options.batch_size)
     for row, feat in enumerate(
-        tqdm(features, desc="buildings", unit="bldg", disable=None if progress else True)
+        tqdm(features, desc="buildings", unit="bldg", disable=None if options.progress else True)
     ):
         uid = feat["uid"]
         item = f"{labels} building {uid}"
@@ -256,9 +205,9 @@ def score_xbd(
         shift = image_context_residual(pre_img, post_img, b.centroid, window.size)
         batcher.add(row, pre_chip, post_chip, shift)
     batcher.flush()
-    _report_counts(report, scores)
+    report_counts(report, scores)
 
-    with bounded_gdal_cache(), _all_or_nothing(report):
+    with bounded_gdal_cache(), all_or_nothing(report):
         pixel = np.empty(n, dtype=object)
         pixel[:] = [
             None
@@ -267,9 +216,7 @@ def score_xbd(
             for i, f in enumerate(features)
         ]
         if raster is not None:
-            from app.scoring.outputs import write_class_raster
-
-            write_class_raster(
+            outputs.write_class_raster(
                 raster,
                 pixel,
                 scores.class_id,
@@ -283,15 +230,13 @@ def score_xbd(
         if overlay is not None:
             import cv2
 
-            from app.scoring.outputs import write_overlay
-
-            w, h = overlay_size(width, height)
+            w, h = outputs.overlay_size(width, height)
             image = (
                 post_img
                 if (w, h) == (width, height)
                 else cv2.resize(post_img, (w, h), interpolation=cv2.INTER_AREA)
             )
-            write_overlay(
+            outputs.write_overlay(
                 overlay,
                 image,
                 pixel,
@@ -301,8 +246,6 @@ def score_xbd(
                 flagged=scores.flags != "",
             )
             report.outputs["overlay"] = str(overlay)
-
-        from data_prep.mosaic import Grid
 
         georef = None
         if crs is not None:
@@ -314,7 +257,7 @@ def score_xbd(
                 [p is not None for p in pixel]
             )
             if missing.any() and georef is not None:
-                geometries[missing] = _to_crs(georef.from_pixels(pixel[missing]), crs, "OGC:CRS84")
+                geometries[missing] = to_crs(georef.from_pixels(pixel[missing]), crs, "OGC:CRS84")
             if all(g is None for g in geometries) and n:
                 raise SceneError(
                     labels,
@@ -331,9 +274,7 @@ def score_xbd(
         else:
             geometries, out_crs = pixel, None
         attributes, masks = _xbd_attributes(features)
-        _write_features(
-            out, geometries, out_crs, attributes, masks, scores, report, name, predictor
-        )
+        write_features(out, geometries, out_crs, attributes, masks, scores, report, predictor)
     report.seconds = time.perf_counter() - start
     return report
 

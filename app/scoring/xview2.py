@@ -31,12 +31,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from tqdm import tqdm
 
+from app.scoring.common import ScoreOptions
+from app.scoring.outputs import RASTER_NODATA
+from app.scoring.xbd import score_xbd
 from data_prep.errors import LocalDamageError
+from data_prep.imagery import read_rgb
+from data_prep.mosaic import SceneError
+from data_prep.split import load_splits
+from data_prep.store import write_json
+from data_prep.xbd import find_tiles
+from data_prep.xview2 import XView2Counts, xview2_targets
+from runtime.localizer import Localizer
+from runtime.predictor import Predictor
 
 if TYPE_CHECKING:
     from data_prep.xbd import XbdTile
-    from runtime.predictor import Predictor
 
 METRICS_JSON = "metrics.json"
 #: Published (localisation F1, damage F1, overall) on the full xBD test set, for the table.
@@ -89,8 +100,6 @@ def select_tiles(
             image or post label; ``fold`` without ``chips``; the selection is empty.
         FileNotFoundError, ValueError: from reading ``splits.csv`` (a message naming the file).
     """
-    from data_prep.xbd import find_tiles
-
     found, _ = find_tiles(root)
     by_name = {t.name: t for t in found}
     if tiles and fold is not None:
@@ -100,8 +109,6 @@ def select_tiles(
             raise XView2EvaluationError(
                 "--fold needs --chips: the chip store whose splits.csv deals tiles to folds"
             )
-        from data_prep.split import load_splits
-
         splits = load_splits(chips)
         folds = sorted(set(splits["fold"]))
         if fold not in folds:
@@ -159,8 +166,6 @@ def _read_class_raster(path: Path) -> np.ndarray:
     import rasterio
     from rasterio.errors import NotGeoreferencedWarning
 
-    from app.scoring.outputs import RASTER_NODATA
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NotGeoreferencedWarning)
         with rasterio.open(path) as src:
@@ -181,8 +186,6 @@ def _grade(
 ) -> tuple[np.ndarray, int, int]:
     """Grade the polygons of ``label`` on the tile's images; ``(damage raster 0-4, buildings,
     graded)``."""
-    from app.scoring.xbd import score_xbd
-
     out.mkdir(parents=True, exist_ok=True)
     report = score_xbd(
         predictor,
@@ -191,9 +194,8 @@ def _grade(
         label,
         out / f"{tile.name}.gpkg",
         raster=out / f"{tile.name}.tif",
-        batch_size=batch_size,
         name=tile.name,
-        progress=False,
+        options=ScoreOptions(batch_size=batch_size, progress=False),
     )
     damage = _read_class_raster(out / f"{tile.name}.tif")
     if damage.shape != tuple(shape):
@@ -224,8 +226,6 @@ def load_localizer(path: str | Path):
     path = Path(path)
     if not path.is_file():
         raise XView2EvaluationError(f"{path}: localiser model not found")
-    from runtime.localizer import Localizer
-
     return Localizer(path)
 
 
@@ -239,8 +239,6 @@ def detect_buildings(localizer, tile: XbdTile) -> tuple[np.ndarray, list]:
     Returns:
         ``(mask, polygons)``: bool [H, W] and shapely polygons in pixel coordinates.
     """
-    from data_prep.imagery import read_rgb
-
     mask = np.asarray(localizer.mask(read_rgb(tile.pre))).astype(bool)
     return mask, list(localizer.polygons(mask))
 
@@ -322,13 +320,6 @@ def evaluate_xview2(
             anything is scored. A tile that fails while being scored is left out, listed in
             ``failed``, and the scores are of the other tiles.
     """
-    from tqdm import tqdm
-
-    from data_prep.mosaic import SceneError
-    from data_prep.store import write_json
-    from data_prep.xview2 import XView2Counts, xview2_targets
-    from runtime.predictor import Predictor
-
     if batch_size < 1:
         raise XView2EvaluationError(f"--batch-size must be at least 1, got {batch_size}")
     root = Path(root)
@@ -432,6 +423,3 @@ def format_table(metrics: dict[str, Any], published: bool = True) -> str:
         for name, (lf1, df1, score) in PUBLISHED.items():
             lines.append(f"{name:<40}{lf1:>8.3f}{df1:>8.3f}{score:>9.3f}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------- command line

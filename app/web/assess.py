@@ -17,6 +17,7 @@ Plain functions, no Gradio: :mod:`app.web.app` lays them out as the app's events
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import re
@@ -27,14 +28,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.web.sessions import (
-    SESSION_FILE,
-    AppError,
-    check_row,
-    read_session,
-    tile_event,
-    write_json,
-)
+from app.scoring.common import ScoreOptions, image_georef, probability_columns
+from app.scoring.detect import DETECTED, detect_tile
+from app.scoring.outputs import OutputError
+from app.scoring.scene import score_scene
+from app.scoring.xbd import score_xbd
+from app.web.sessions import SESSION_FILE, AppError, check_row, read_session, tile_event, write_json
+from data_prep.footprints import load_footprints
+from data_prep.imagery import ImageError, read_rgb_pair
+from data_prep.mosaic import SceneError, open_scene
+from data_prep.quality import BLANK, MAX_PIXELS_ENV, max_pixels
+from data_prep.report import PrepareReport
+from data_prep.store import atomic_path, safe_name
+from data_prep.windows import chip_window, cut_chip, resize_chip
+from data_prep.xbd import parse_buildings, read_tile_pair
+from runtime.contract import ModelError
+from runtime.localizer import Localizer
+from runtime.registry import LOCALIZER_NAME, default_localizer
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -70,8 +80,6 @@ SYNTHETIC_NOTE = (
 
 def app_max_pixels(value: int | None = None) -> int:
     """The app's pixel limit: ``value``, else ``$LOCAL_DAMAGE_MAX_PIXELS``, else :data:`MAX_PIXELS`."""
-    from data_prep.quality import MAX_PIXELS_ENV, max_pixels
-
     if value is None and not os.environ.get(MAX_PIXELS_ENV, "").strip():
         return MAX_PIXELS
     try:
@@ -158,9 +166,53 @@ def footprint_kind(path: str | os.PathLike) -> str:
 
 
 def _scene_name(path: Path) -> str:
-    from data_prep.store import safe_name
-
     return safe_name(re.sub(r"_(pre|post)_disaster$", "", path.stem))
+
+
+# --------------------------------------------------------------------------------------------
+# Buildings without footprints
+
+
+@functools.lru_cache(maxsize=8)
+def _load_localizer(path: str) -> Localizer:
+    return Localizer(path)
+
+
+def app_localizer(models_dir: str | os.PathLike | None = None) -> Localizer:
+    """The web app's localiser: ``localizer.onnx`` of the app's models folder, else the default
+    one (:func:`runtime.registry.default_localizer`); loaded once.
+
+    Raises:
+        AppError: none available (saying how to get one), or not a valid localiser.
+    """
+    path = None
+    if models_dir is not None and (Path(models_dir) / LOCALIZER_NAME).is_file():
+        path = Path(models_dir) / LOCALIZER_NAME
+    path = path or default_localizer()
+    if path is None:
+        raise AppError(
+            "no footprints uploaded and no building localiser model available to detect the "
+            f"buildings: upload footprints, or put a localiser at models/{LOCALIZER_NAME} "
+            "(see docs/localize.md) and restart the app"
+        )
+    try:
+        return _load_localizer(str(Path(path).resolve()))
+    except ModelError as exc:
+        raise AppError(f"localiser {Path(path).name}: {exc}") from exc
+
+
+def app_detect(localizer, pre: Path, post: Path, out_dir: Path, max_pixels: int | None) -> Path:
+    """:func:`app.scoring.detect.detect_tile` for the web app: the footprint file written under
+    ``out_dir/detected``; unusable input as :class:`app.web.sessions.AppError`."""
+    if localizer is None:
+        raise AppError("no footprints uploaded and no building localiser to detect buildings")
+    georeferenced = all(_is_georeferenced(p) for p in (pre, post))
+    try:
+        return detect_tile(
+            localizer, pre, post, Path(out_dir) / "detected", georeferenced, max_pixels
+        )
+    except (SceneError, ImageError) as exc:
+        raise AppError(_short(str(exc))) from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,8 +278,6 @@ class TileResult:
 def _table_rows(vector: Path, class_names: tuple[str, ...]) -> list[dict[str, Any]]:
     from pyogrio.raw import read
 
-    from app.scoring.scene import probability_columns
-
     meta, _, _, values = read(str(vector), read_geometry=False)
     columns = {str(n): np.asarray(v) for n, v in zip(meta["fields"], values, strict=True)}
     n = len(next(iter(columns.values()))) if columns else 0
@@ -251,8 +301,6 @@ def _table_rows(vector: Path, class_names: tuple[str, ...]) -> list[dict[str, An
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
-    from data_prep.store import atomic_path
-
     with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["#"])
         writer.writeheader()
@@ -261,9 +309,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def _is_georeferenced(path: Path) -> bool:
-    from app.scoring.xbd import _image_georef
-
-    return _image_georef(path)[0] is not None
+    return image_georef(path)[0] is not None
 
 
 def _has_lnglat(labels: Path) -> bool:
@@ -294,10 +340,13 @@ def assess_tile(
             aligned (same size); with GeoJSON / GeoPackage footprints they must be georeferenced
             GeoTIFFs (any CRS; post is warped onto pre).
         footprints: xBD label JSON, GeoJSON or GeoPackage; None: ``localizer`` detects the
-            buildings (:func:`app.scoring.detect.app_detect`), graded with ``source`` ``detected``.
+            buildings (:func:`app_detect`), graded with ``source`` ``detected``.
         out_dir: a new folder for this assessment's outputs (created).
         batch_size: chips per inference batch.
         max_pixels: pixel limit per image (default :func:`app_max_pixels`).
+        localizer: the :class:`runtime.localizer.Localizer` used when there are no footprints
+            (:func:`app_localizer`).
+        source: the output ``source`` of the buildings of ``footprints``.
 
     Returns:
         The :class:`TileResult`; ``out_dir/session.json`` records the inputs for
@@ -309,21 +358,12 @@ def assess_tile(
             value), pre and post of different sizes without georeferencing, footprints that miss
             the image, an unreadable footprint file.
     """
-    from app.scoring.outputs import OutputError
-    from app.scoring.scene import score_scene
-    from app.scoring.xbd import score_xbd
-    from data_prep.imagery import ImageError
-    from data_prep.mosaic import SceneError
-    from data_prep.quality import BLANK
-
     start = time.perf_counter()
     pre, post = Path(pre), Path(post)
     limit = app_max_pixels(max_pixels)
     check_image(pre, "pre tile", limit)
     check_image(post, "post tile", limit)
     if footprints is None:
-        from app.scoring.detect import DETECTED, app_detect
-
         footprints, source = app_detect(localizer, pre, post, Path(out_dir), limit), DETECTED
     footprints = Path(footprints)
     mode = footprint_kind(footprints)
@@ -336,24 +376,7 @@ def assess_tile(
         if mode == "xbd":
             if not _has_lnglat(footprints):  # pixel coordinates only: cannot be placed on Earth
                 vector = out_dir / f"{scene}.gpkg"
-            report = score_xbd(
-                predictor,
-                pre,
-                post,
-                footprints,
-                vector,
-                overlay=overlay,
-                batch_size=batch_size,
-                name=scene,
-                progress=False,
-                max_pixels=limit,
-                source=source,
-            )
-            if report.buildings and report.not_covered == report.buildings:
-                raise AppError(
-                    f"footprints {footprints.name}: none of the {report.buildings} buildings lies "
-                    f"on the {pre.name} image; are they the labels of this tile?"
-                )
+            score, images = score_xbd, (pre, post)
         else:
             for path, what in ((pre, "pre tile"), (post, "post tile")):
                 if not _is_georeferenced(path):
@@ -362,18 +385,15 @@ def assess_tile(
                         "footprints cannot be placed on it; upload GeoTIFFs with a CRS, or an "
                         "xBD label JSON with pixel polygons"
                     )
-            report = score_scene(
-                predictor,
-                [pre],
-                [post],
-                footprints,
-                vector,
-                overlay=overlay,
-                batch_size=batch_size,
-                name=scene,
-                progress=False,
-                max_pixels=limit,
-                source=source,
+            score, images = score_scene, ([pre], [post])
+        report = score(
+            predictor, *images, footprints, vector, overlay=overlay, name=scene, source=source,
+            options=ScoreOptions(batch_size=batch_size, max_pixels=limit, progress=False),
+        )  # fmt: skip
+        if mode == "xbd" and report.buildings and report.not_covered == report.buildings:
+            raise AppError(
+                f"footprints {footprints.name}: none of the {report.buildings} buildings lies "
+                f"on the {pre.name} image; are they the labels of this tile?"
             )
     except (SceneError, ImageError, OutputError) as exc:
         raise AppError(_short(str(exc))) from exc
@@ -440,16 +460,11 @@ def building_chips(
     Raises:
         AppError: no assessment in ``session`` or no such building.
     """
-    from data_prep.windows import chip_window, cut_chip, resize_chip
-
     info = read_session(session)
     row = check_row(info, row)
     uid = info["uids"][row]
     spec = predictor.spec
     if info["mode"] == "xbd":
-        from data_prep.report import PrepareReport
-        from data_prep.xbd import parse_buildings, read_tile_pair
-
         _, buildings = parse_buildings(
             Path(info["footprints"]), PrepareReport(), ignore_labels=True
         )
@@ -463,9 +478,6 @@ def building_chips(
         ]
         return chips[0], chips[1]
     import shapely
-
-    from data_prep.footprints import load_footprints
-    from data_prep.mosaic import open_scene
 
     with open_scene([info["pre"]], [info["post"]]) as scene:
         fp = load_footprints(info["footprints"], scene.grid.crs)
@@ -512,8 +524,6 @@ def read_chip_pair(
         AppError: not an image, too large, truncated, not square, or pre and post of different
             sizes.
     """
-    from data_prep.imagery import ImageError, read_rgb_pair
-
     limit = app_max_pixels(max_pixels)
     sizes = [check_image(pre, "pre chip", limit), check_image(post, "post chip", limit)]
     if sizes[0] != sizes[1]:
@@ -580,7 +590,3 @@ def assess_chip(
         heatmap=heatmap_overlay(b, change),
         change_map=change,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Models and examples

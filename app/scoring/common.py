@@ -1,0 +1,388 @@
+"""The machinery scene mode and xBD mode share: options, report, per-building scores, batched
+grading and the vector output.
+
+- :class:`ScoreOptions`: how buildings are scored (batch size, block size, pixel limit,
+  alignment, progress bars), one object for `score`, `score-batch`, xBD mode and the web app.
+- :class:`ScoreReport`: what scoring one scene produced.
+- :class:`Scores` holds the per-feature results; :class:`Batcher` grades chip pairs a batch at a
+  time and flags them (:mod:`runtime.flags`).
+- :func:`write_features`: the input features with their score columns, as GeoJSON or GeoPackage
+  (:func:`app.scoring.outputs.write_vector`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from app.scoring.outputs import OutputError, vector_format, write_vector
+from data_prep.mosaic import reproject_geometries
+from data_prep.quality import BLANK
+from data_prep.report import Skipped
+from runtime.flags import BLANK as BLANK_FLAG
+from runtime.flags import Flagger, flags_text
+
+if TYPE_CHECKING:
+    from runtime.predictor import Predictor
+
+#: ``status`` of a building that was graded.
+SCORED = "scored"
+#: ``status`` of a building not entirely inside valid pre and post imagery.
+NOT_COVERED = "not_covered"
+#: ``status`` prefix of a building left out, followed by the reason.
+SKIPPED = "skipped"
+#: GeoTIFF suffixes of input imagery and of the class raster output.
+RASTER_SUFFIXES = (".tif", ".tiff")
+#: Default side, in grid pixels, of the blocks whose buildings share one read.
+BLOCK_SIZE = 1024
+#: GDAL raster block cache while scoring, in MiB, unless GDAL_CACHEMAX is set in the environment.
+#: GDAL's own default (5% of RAM) lets the cache of decoded blocks grow with the scene.
+GDAL_CACHE_MB = 16
+#: Output metadata key (GeoPackage layer metadata, GeoJSON collection member) of the alignment.
+ALIGNMENT_KEY = "local_damage_alignment"
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """How buildings are scored; the inputs and outputs are the scoring function's arguments.
+
+    Attributes:
+        batch_size: chips per inference batch.
+        block_size: scene mode: side in grid pixels of the blocks whose buildings share one read
+            (memory grows with its square, not with the scene); also the blocks the localiser
+            reads when it finds the buildings.
+        max_pixels: pixel limit per image, internal block and read window, checked before
+            decoding (None: :func:`data_prep.quality.max_pixels`).
+        align: ``auto`` (measure the post-to-pre shift, correct it when confident) or ``off``.
+        progress: show progress bars.
+    """
+
+    batch_size: int = 32
+    block_size: int = BLOCK_SIZE
+    max_pixels: int | None = None
+    align: str = "auto"
+    progress: bool = True
+
+
+@contextmanager
+def bounded_gdal_cache():
+    """A rasterio environment whose GDAL block cache is :data:`GDAL_CACHE_MB` MiB (or, when
+    the environment variable is set, ``GDAL_CACHEMAX``)."""
+    import rasterio
+
+    if os.environ.get("GDAL_CACHEMAX"):
+        with rasterio.Env():
+            yield
+        return
+    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB * 2**20):
+        yield
+
+
+@dataclass
+class ScoreReport:
+    """What scoring one scene produced.
+
+    Attributes:
+        scene: scene name.
+        class_names: the model's classes.
+        buildings: features in the input (one output feature each).
+        per_class: scored buildings per predicted class name.
+        not_covered: buildings not entirely inside valid pre and post imagery.
+        skipped: buildings and tiles left out, with the reason.
+        outputs: kind (``vector``, ``raster``, ``overlay``) -> path written.
+        seconds: wall time of the whole scene (chips, inference and writing).
+        alignment: the post-to-pre shift measured and whether it was corrected
+            (:meth:`data_prep.alignment.SceneShift.to_dict`).
+        detected: buildings found by the localiser when no footprints were given (None when
+            footprints were given; :mod:`app.scoring.detect`).
+    """
+
+    scene: str
+    class_names: tuple[str, ...]
+    buildings: int = 0
+    per_class: Counter = field(default_factory=Counter)
+    not_covered: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    alignment: dict | None = None
+    alignment_text: str = ""
+    detected: int | None = None
+
+    @property
+    def scored(self) -> int:
+        return int(sum(self.per_class.values()))
+
+    @property
+    def buildings_per_second(self) -> float:
+        return self.buildings / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "scene": self.scene,
+            "buildings": self.buildings,
+            "scored": self.scored,
+            "per_class": {name: self.per_class.get(name, 0) for name in self.class_names},
+            "not_covered": self.not_covered,
+            "skipped": [{"item": s.item, "reason": s.reason} for s in self.skipped],
+            "outputs": dict(self.outputs),
+            "seconds": round(self.seconds, 3),
+            "buildings_per_second": round(self.buildings_per_second, 2),
+            "scored_per_second": round(self.scored / self.seconds if self.seconds > 0 else 0.0, 2),
+            "alignment": self.alignment,
+            "detected": self.detected,
+        }
+
+    def summary(self) -> str:
+        lines = [
+            f"scene {self.scene}: {self.buildings} building(s), {self.scored} scored in "
+            f"{self.seconds:.1f} s ({self.buildings_per_second:.1f} buildings/s, "
+            f"{self.scored / self.seconds if self.seconds > 0 else 0.0:.1f} scored/s)",
+            "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
+        ]
+        if self.detected is not None:
+            lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
+        if self.alignment_text:
+            lines.append(self.alignment_text)
+        if self.not_covered:
+            lines.append(f"not covered by both pre and post imagery: {self.not_covered}")
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} item(s):")
+            lines.extend(f"  - {s}" for s in self.skipped)
+        lines.extend(f"wrote {path}" for path in self.outputs.values())
+        return "\n".join(lines)
+
+
+def probability_columns(class_names: Sequence[str]) -> list[str]:
+    """Output column of each class probability: ``p_`` + the name with ``-`` as ``_``."""
+    return ["p_" + name.replace("-", "_").replace(" ", "_") for name in class_names]
+
+
+def check_outputs(
+    out: str | os.PathLike,
+    raster: str | os.PathLike | None = None,
+    overlay: str | os.PathLike | None = None,
+) -> str:
+    """Validate output paths before any work; returns the vector format.
+
+    Raises:
+        OutputError: an unknown vector suffix, a raster that is not ``.tif``/``.tiff`` or an
+            overlay that is not ``.png``.
+    """
+    fmt = vector_format(out)
+    if raster is not None and Path(raster).suffix.lower() not in RASTER_SUFFIXES:
+        raise OutputError(f"{raster}: the class raster is a GeoTIFF; give a .tif path")
+    if overlay is not None and Path(overlay).suffix.lower() != ".png":
+        raise OutputError(f"{overlay}: the overlay is written as PNG; give a .png path")
+    return fmt
+
+
+class Scores:
+    """Per-feature results: status text, class id (-1 unscored), probabilities (NaN) and
+    flags (``;``-joined, empty when none) of ``n`` features and ``k`` classes."""
+
+    def __init__(self, n: int, k: int, source: str = "given"):
+        self.status = np.full(n, NOT_COVERED, dtype=object)
+        self.class_id = np.full(n, -1, dtype=np.int64)
+        self.probs = np.full((n, k), np.nan, dtype=np.float64)
+        self.flags = np.full(n, "", dtype=object)
+        # where the buildings came from: given or detected (app.scoring.detect)
+        self.source = source
+
+    def skip(self, row: int, reason: str) -> None:
+        """Mark a building not scored for ``reason``; a blank chip is also flagged ``blank``."""
+        self.status[row] = f"{SKIPPED}: {reason}"
+        if reason.startswith(BLANK):
+            self.flags[row] = BLANK_FLAG
+
+    def columns(self, class_names: Sequence[str]) -> tuple[dict, dict]:
+        """``(columns, masks)``: the output score columns and where each is null."""
+        unscored = self.class_id < 0
+        names = np.array(list(class_names), dtype=object)
+        damage = np.where(unscored, None, names[np.clip(self.class_id, 0, len(names) - 1)])
+        cols: dict[str, np.ndarray] = {
+            "damage": damage.astype(object),
+            "damage_id": np.where(unscored, 0, self.class_id).astype(np.int32),
+        }
+        masks: dict[str, np.ndarray] = {"damage": unscored, "damage_id": unscored}
+        for j, col in enumerate(probability_columns(class_names)):
+            cols[col] = np.where(unscored, 0.0, np.round(self.probs[:, j], 6))
+            masks[col] = unscored
+        cols["confidence"] = np.where(
+            unscored, 0.0, np.round(np.nan_to_num(self.probs).max(axis=1), 6)
+        )
+        masks["confidence"] = unscored
+        cols["flags"] = self.flags.astype(object)
+        cols["status"] = self.status.astype(object)
+        cols["source"] = np.full(len(self.status), self.source, dtype=object)
+        return cols, masks
+
+
+class Batcher:
+    """Collects chip pairs, grades them ``batch_size`` at a time and flags them."""
+
+    def __init__(self, predictor: Predictor, scores: Scores, batch_size: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.predictor, self.scores, self.batch_size = predictor, scores, batch_size
+        self.flagger = Flagger(predictor.metadata)
+        self.rows: list[int] = []
+        self.pre: list[np.ndarray] = []
+        self.post: list[np.ndarray] = []
+        self.context: list[float | None] = []
+
+    def add(
+        self, row: int, pre: np.ndarray, post: np.ndarray, context_px: float | None = None
+    ) -> None:
+        """Queue a chip pair; ``context_px`` is its residual shift measured on the imagery
+        around the building (:func:`data_prep.residual.context_residual`), None when there is
+        none (the chips alone are measured)."""
+        self.rows.append(row)
+        self.pre.append(pre)
+        self.post.append(post)
+        self.context.append(context_px)
+        if len(self.rows) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Grade and flag the queued chip pairs."""
+        if not self.rows:
+            return
+        pre, post = np.stack(self.pre), np.stack(self.post)
+        pred = self.predictor.predict(pre, post, batch_size=self.batch_size)
+        probs = np.asarray(pred.probabilities, dtype=np.float64)
+        rows = np.asarray(self.rows)
+        self.scores.probs[rows] = probs
+        self.scores.class_id[rows] = probs.argmax(axis=1)
+        self.scores.status[rows] = SCORED
+        flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
+        for row, names in zip(rows, flags, strict=True):
+            self.scores.flags[row] = flags_text(names)
+        self.rows, self.pre, self.post, self.context = [], [], [], []
+
+
+def report_counts(report: ScoreReport, scores: Scores) -> None:
+    """Fill the report's per-class and not-covered counts from the scores."""
+    for cid in scores.class_id[scores.class_id >= 0]:
+        report.per_class[report.class_names[int(cid)]] += 1
+    report.not_covered = int(np.sum(scores.status == NOT_COVERED))
+
+
+@contextmanager
+def all_or_nothing(report: ScoreReport):
+    """Remove the outputs already written for a scene when a later step fails."""
+    try:
+        yield
+    except BaseException:
+        for path in report.outputs.values():
+            Path(path).unlink(missing_ok=True)
+        report.outputs.clear()
+        raise
+
+
+def to_crs(geometries: np.ndarray, src, dst) -> np.ndarray:
+    """Reproject geometries (None kept); those that cannot be transformed become None."""
+    import shapely
+
+    out = np.empty(len(geometries), dtype=object)
+    present = np.array([g is not None for g in geometries], dtype=bool)
+    if present.any():
+        moved = reproject_geometries(geometries[present], src, dst)
+        finite = np.isfinite(shapely.bounds(moved)).all(axis=1)
+        out[np.flatnonzero(present)] = np.where(finite, moved, None)
+    return out
+
+
+def image_georef(path: str | os.PathLike):
+    """(crs, transform) of a georeferenced image, (None, None) for a plain pixel image."""
+    import warnings
+
+    import rasterio
+    from rasterio.errors import NotGeoreferencedWarning, RasterioError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotGeoreferencedWarning)
+            with rasterio.open(path) as ds:
+                if ds.crs is not None and not ds.transform.is_identity:
+                    return ds.crs, ds.transform
+    except RasterioError:
+        pass
+    return None, None
+
+
+def _merge_attributes(
+    attributes: Mapping[str, np.ndarray], score_columns: Mapping[str, np.ndarray]
+) -> tuple[dict, dict[str, str]]:
+    """Input attributes first, renamed ``input_<name>`` where an output column takes the name."""
+    taken = {c.lower() for c in score_columns}
+    merged: dict[str, np.ndarray] = {}
+    renamed: dict[str, str] = {}
+    for name, values in attributes.items():
+        new = name
+        while new.lower() in taken or new.lower() in {m.lower() for m in merged}:
+            new = f"input_{new}"
+        if new != name:
+            renamed[name] = new
+        merged[new] = values
+    return merged, renamed
+
+
+def _model_metadata(predictor: Predictor, report: ScoreReport | None = None) -> dict[str, str]:
+    try:
+        card = predictor.card()
+    except Exception:  # the card is informative only
+        card = {}
+    out = {"local_damage_model": json.dumps(card, default=str, sort_keys=True)}
+    if report is not None and report.alignment is not None:
+        out[ALIGNMENT_KEY] = json.dumps(report.alignment, sort_keys=True)
+    return out
+
+
+def write_features(
+    out: str | os.PathLike,
+    geometries: np.ndarray,
+    crs,
+    attributes: Mapping[str, np.ndarray],
+    attr_masks: Mapping[str, np.ndarray],
+    scores: Scores,
+    report: ScoreReport,
+    predictor: Predictor,
+) -> None:
+    """Write the vector output of a scored scene: input attributes, then the score columns.
+
+    Args:
+        out: ``.geojson`` or ``.gpkg`` path (the layer is named after ``report.scene``).
+        geometries: [N] shapely geometries in ``crs`` (None where a feature has none).
+        crs: their CRS (None: pixel coordinates, GeoPackage only).
+        attributes, attr_masks: the input attributes and where each is null.
+        scores: the per-feature results.
+        report: the scene's report; its alignment goes into the file's metadata and the
+            written path into its outputs.
+        predictor: the model, whose card goes into the file's metadata.
+    """
+    score_cols, score_masks = scores.columns(report.class_names)
+    attrs, renamed = _merge_attributes(attributes, score_cols)
+    masks = {renamed.get(k, k): v for k, v in attr_masks.items()}
+    masks.update(score_masks)
+    write_vector(
+        out,
+        geometries,
+        crs,
+        {**attrs, **score_cols},
+        masks,
+        layer=report.scene,
+        metadata=_model_metadata(predictor, report),
+        collection_members=(
+            {ALIGNMENT_KEY: report.alignment} if report.alignment is not None else None
+        ),
+    )
+    report.outputs["vector"] = str(out)
