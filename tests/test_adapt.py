@@ -265,6 +265,7 @@ def test_a_thousand_labels_use_stratified_k_fold():
 
 
 def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
+    from app.scoring.common import ScoreOptions
     from app.scoring.xbd import score_xbd
     from runtime.flags import Flagger
     from runtime.predictor import Predictor
@@ -277,7 +278,7 @@ def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
     predictor = Predictor(adapted)
     assert Flagger(predictor.metadata).ood is not None
     out = tmp_path / "scored.geojson"
-    report = score_xbd(predictor, pre, post, label, out, progress=False)
+    report = score_xbd(predictor, pre, post, label, out, options=ScoreOptions(progress=False))
     assert report.scored > 0
     data = json.loads(out.read_text())
     scored = [f["properties"] for f in data["features"] if f["properties"]["status"] == "scored"]

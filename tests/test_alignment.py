@@ -209,6 +209,8 @@ def _expected_shift(post_path, pre_grid, cols: float, rows: float) -> tuple[floa
 
 @pytest.mark.realdata
 def test_joplin_post_moved_through_its_transform(tmp_path):
+    from app.scoring.common import ScoreOptions
+
     """6 post pixels east, 4 north: the shift is measured within 1 px of what the move adds to
     the scene's own shift and corrected, and the grades agree with the unmoved scene.
 
@@ -237,8 +239,22 @@ def test_joplin_post_moved_through_its_transform(tmp_path):
 
     predictor = Predictor(model)
     footprints = root / "footprints" / "joplin.geojson"
-    ref = score_scene(predictor, pre, post, footprints, tmp_path / "ref.geojson", progress=False)
-    got = score_scene(predictor, pre, moved, footprints, tmp_path / "moved.gpkg", progress=False)
+    ref = score_scene(
+        predictor,
+        pre,
+        post,
+        footprints,
+        tmp_path / "ref.geojson",
+        options=ScoreOptions(progress=False),
+    )
+    got = score_scene(
+        predictor,
+        pre,
+        moved,
+        footprints,
+        tmp_path / "moved.gpkg",
+        options=ScoreOptions(progress=False),
+    )
     a, base = got.alignment, ref.alignment["shift_px"]
     assert a["applied"] and a["confident"]
     assert abs(a["shift_px"]["dx"] - (base["dx"] + expected[0])) < 1.0, (a, base, expected)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.scoring.scene import bounded_gdal_cache
+from app.scoring.common import bounded_gdal_cache
 from data_prep.alignment import align_images, align_scene
 from data_prep.errors import LocalDamageError
 from data_prep.footprints import load_footprints

@@ -48,7 +48,6 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
-    probability_columns,
     report_counts,
     to_crs,
     write_features,
@@ -63,16 +62,6 @@ from data_prep.scene import check_overlap, iter_building_chips, pixel_centroids
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
-
-#: Names of this module other modules use; :func:`probability_columns` and
-#: :func:`bounded_gdal_cache` live in :mod:`app.scoring.common`.
-__all__ = [
-    "ScoreOptions",
-    "ScoreReport",
-    "bounded_gdal_cache",
-    "probability_columns",
-    "score_scene",
-]
 
 
 @dataclass

@@ -13,9 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.scoring.detect import app_localizer
 from app.web.adapt_panel import adapt_to_event, suggest_next
-from app.web.assess import DISPLAY_SIZE, SUGGEST_COLUMNS, assess_chip, assess_tile, building_chips
+from app.web.assess import (
+    DISPLAY_SIZE,
+    SUGGEST_COLUMNS,
+    app_localizer,
+    assess_chip,
+    assess_tile,
+    building_chips,
+)
 from app.web.model_card import card_markdown
 from app.web.model_picker import ModelCache
 from app.web.sessions import (

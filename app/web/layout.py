@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.scoring.scene import probability_columns
+from app.scoring.common import probability_columns
 from app.web.assess import DISPLAY_SIZE, SUGGEST_COLUMNS, SYNTHETIC_NOTE
 from app.web.callbacks import picker_choices
 from data_prep.spec import CLASS_NAMES
