@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from data_prep.store import atomic_path
+
 #: The arms, in table and plot order.
 ARMS = ("adapt-random", "adapt-suggested", "finetune")
 #: Goal 1: with this many labels ...
@@ -185,8 +187,6 @@ def plot(results: Mapping[str, Any], path: str | Path) -> Path:
     """Macro-F1 against k: per arm the mean over events with a +- sd band and thin per-event
     lines; written atomically as PNG (Agg, no display needed)."""
     from matplotlib.figure import Figure
-
-    from data_prep.store import atomic_path
 
     ks = [int(k) for k in results["settings"]["k"]]
     summary = results["summary"]

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.options import add_report_args
 from data_prep.store import write_json
@@ -16,6 +16,9 @@ from local_damage.evaluation.calibrate import calibrate_model, format_block, for
 from local_damage.evaluation.chips import select_chips, store_folds
 from local_damage.export.options import DEFAULT_OPSET, ExportOptions, check_out
 from local_damage.export.quantize import INT8_METHODS
+
+if TYPE_CHECKING:
+    from local_damage.export.model import RunExport
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_calibrated(export, out: Path, fold: int) -> dict[str, Any]:
+def export_calibrated(export: RunExport, out: Path, fold: int) -> dict[str, Any]:
     """Export to a staged file, then calibrate it on ``fold`` of the export's chip store into
     ``out`` (so a failed fit leaves nothing at ``out``); the class prototypes of the ``ood``
     flag come from the other folds except the run's held-out one.
