@@ -1,6 +1,6 @@
 """The tables, plot and goal checks of the leave-one-event-out few-shot report.
 
-Input: the measurement rows of :func:`bench.fewshot.run_fewshot`, one per held-out
+Input: the measurement rows of :func:`bench.fewshot_run.run_fewshot`, one per held-out
 event, repeat, number of labels ``k`` and arm (``adapt-random``, ``adapt-suggested``,
 ``finetune``), each with the ``accuracy`` and ``macro_f1`` of the rest of the event. ``k = 0``
 is the base model, the same figure for every arm. An event's cell is the mean +- sd over its
@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from data_prep.store import atomic_path
 
 #: The arms, in table and plot order.
 ARMS = ("adapt-random", "adapt-suggested", "finetune")
@@ -185,8 +187,6 @@ def plot(results: Mapping[str, Any], path: str | Path) -> Path:
     """Macro-F1 against k: per arm the mean over events with a +- sd band and thin per-event
     lines; written atomically as PNG (Agg, no display needed)."""
     from matplotlib.figure import Figure
-
-    from data_prep.store import atomic_path
 
     ks = [int(k) for k in results["settings"]["k"]]
     summary = results["summary"]

@@ -89,22 +89,17 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        result = calibrate_model(
-            args.model,
-            args.chips,
-            args.out,
-            fold=args.fold,
-            batch_size=args.batch_size,
-            progress=not args.quiet,
-            ood=not args.no_ood,
-            prototype_folds=folds,
-            ood_quantile=args.ood_quantile,
-        )
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+    result = calibrate_model(
+        args.model,
+        args.chips,
+        args.out,
+        fold=args.fold,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        ood=not args.no_ood,
+        prototype_folds=folds,
+        ood_quantile=args.ood_quantile,
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     else:

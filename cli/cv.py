@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 from pathlib import Path
 
-from local_damage.experiments.cv import (
-    CV_RESULTS,
-    CrossValidationError,
-    cross_validate,
-    table2,
-    table3,
-)
+from cli.options import add_report_args
+
+#: The cross-validation's logger: its fold lines show even with --quiet (which silences the
+#: training progress bars and epoch lines).
+CV_LOGGER = "local_damage.experiments.cv"
 
 
 def _parse_folds(text: str) -> list[int]:
@@ -82,10 +82,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a fold never trained on nor evaluated (test tiles kept for the final figures)",
     )
     p.add_argument("--quiet", action="store_true", help="no training progress bars or epoch lines")
+    add_report_args(p, quiet=False)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch-bearing: imported here so that `local-damage --help` needs no torch
+    from local_damage.experiments.cv import CV_RESULTS, cross_validate, table2, table3
+
+    logger = logging.getLogger(CV_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.INFO)
     try:
         results = cross_validate(
             args.config,
@@ -98,11 +105,13 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             holdout=args.holdout,
         )
-    except (CrossValidationError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(table2(results)[0])
-    print(table3(results)[0])
+    finally:
+        logger.setLevel(level)
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        print(table2(results)[0])
+        print(table3(results)[0])
     print(f"wrote {Path(args.out) / CV_RESULTS}, table2.md/.csv, table3.md/.csv")
     if results["failed"]:
         print(f"{len(results['failed'])} fold(s) failed:", file=sys.stderr)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from app.scoring.xview2 import METRICS_JSON as XVIEW2_METRICS_JSON
-from app.scoring.xview2 import XView2EvaluationError, evaluate_xview2, format_table
+from app.scoring.xview2 import evaluate_xview2, format_table
+from cli.options import add_report_args, add_xbd_args
 from local_damage.evaluation.evaluate import (
     METRICS_JSON,
     PREDICTIONS_CSV,
     evaluate_chips,
     evaluate_xbd,
     format_summary,
+    load_scorer,
 )
-from local_damage.evaluation.scorers import load_scorer
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,11 +41,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--model", metavar="MODEL.onnx", help="exported ONNX model")
     data = p.add_mutually_exclusive_group()
     data.add_argument("--chips", metavar="CHIPS", help="chip store folder")
-    data.add_argument(
-        "--xbd",
-        action="append",
-        metavar="ROOT",
-        help="xBD root: cut chips with the model's chip spec into a temporary store (repeatable)",
+    add_xbd_args(
+        p,
+        required=False,
+        repeatable=True,
+        help="xBD root: cut chips with the model's chip spec into a temporary store",
+        group=data,
     )
     p.add_argument(
         "--fold",
@@ -79,6 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--no-tsne", action="store_true", help="skip the t-SNE figures (slow on many chips)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_report_args(p, quiet=False)
     p.set_defaults(func=run)
     tasks = p.add_subparsers(dest="evaluate_task", metavar="[xview2]", title="task (optional)")
     add_xview2_parser(tasks)
@@ -112,20 +116,18 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "seed": args.seed,
     }
-    try:
-        scorer = load_scorer(run=args.run, model=args.model, device=args.device, tta=args.tta)
-        if args.xbd:
-            metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
-        else:
-            metrics = evaluate_chips(
-                scorer, args.chips, args.out, fold=args.fold, progress=not args.quiet, **options
-            )
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    print(f"{metrics['source'].get('selection', '')}")
-    print(format_summary(metrics))
+    scorer = load_scorer(run=args.run, model=args.model, device=args.device, tta=args.tta)
+    if args.xbd:
+        metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
+    else:
+        metrics = evaluate_chips(
+            scorer, args.chips, args.out, fold=args.fold, progress=not args.quiet, **options
+        )
+    if args.json:
+        print(json.dumps(metrics, indent=2, default=str))
+    else:
+        print(f"{metrics['source'].get('selection', '')}")
+        print(format_summary(metrics))
     print(f"wrote {Path(args.out) / METRICS_JSON} and {PREDICTIONS_CSV}")
     return 0
 
@@ -143,9 +145,7 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
             "each tile's graded buildings and class raster."
         ),
     )
-    p.add_argument(
-        "--root", required=True, metavar="XBD", help="xBD root: images/ and labels/ (or splits)"
-    )
+    add_xbd_args(p, help="xBD root: images/ and labels/ (or splits)")
     p.add_argument("--model", required=True, metavar="MODEL.onnx", help="damage model (ONNX)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     which = p.add_mutually_exclusive_group()
@@ -177,31 +177,28 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
         "--batch-size", type=int, default=32, metavar="N", help="chips per batch (default 32)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_report_args(p, quiet=False)
     p.set_defaults(func=run_xview2)
 
 
 def run_xview2(args: argparse.Namespace) -> int:
-    from data_prep.xbd import XbdRootError
-    from runtime.contract import ModelError
-
-    try:
-        metrics = evaluate_xview2(
-            args.root,
-            args.model,
-            args.out,
-            tiles=args.tiles,
-            chips=args.chips,
-            fold=args.fold,
-            localizer=args.localizer,
-            pngs=args.pngs,
-            batch_size=args.batch_size,
-            progress=not args.quiet,
-        )
-    except (XView2EvaluationError, XbdRootError, ModelError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(metrics["selection"])
-    print(format_table(metrics))
+    metrics = evaluate_xview2(
+        args.xbd,
+        args.model,
+        args.out,
+        tiles=args.tiles,
+        chips=args.chips,
+        fold=args.fold,
+        localizer=args.localizer,
+        pngs=args.pngs,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+    if args.json:
+        print(json.dumps(metrics, indent=2, default=str))
+    else:
+        print(metrics["selection"])
+        print(format_table(metrics))
     for item in metrics["failed"]:
         print(f"failed {item['tile']}: {item['reason']}", file=sys.stderr)
     print(f"wrote {Path(args.out) / XVIEW2_METRICS_JSON}")

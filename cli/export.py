@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from local_damage.export.model import (
-    DEFAULT_OPSET,
-    INT8_METHODS,
-    ExportError,
-    export_run,
-    export_weights,
-    format_report,
-)
+from cli.options import add_report_args
+from data_prep.store import write_json
+from local_damage.evaluation.calibrate import calibrate_model, format_block, format_ood
+from local_damage.evaluation.chips import select_chips, store_folds
+from local_damage.export.options import DEFAULT_OPSET, ExportOptions, check_out
+from local_damage.export.quantize import INT8_METHODS
+
+if TYPE_CHECKING:
+    from local_damage.export.model import RunExport
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,15 +97,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "model, for fine-tuning with `local-damage train --init`",
     )
     p.add_argument("--json", action="store_true", help="print the parity report as JSON")
-    p.set_defaults(func=_run_cli)
+    add_report_args(p, json=False)
+    p.set_defaults(func=run)
 
 
-def _run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    # torch-bearing: imported here so that `local-damage --help` needs no torch
+    from local_damage.export.model import RunExport
+    from local_damage.export.parity import format_report
+    from local_damage.export.weights import export_weights
+
     start = time.perf_counter()
-    try:
-        report = export_run(
-            args.run,
-            args.out,
+    out = check_out(args.out)
+    export = RunExport(
+        args.run,
+        ExportOptions(
             quantize=args.quantize,
             fp16=args.fp16,
             opset=args.opset,
@@ -111,13 +121,40 @@ def _run_cli(args: argparse.Namespace) -> int:
             int8_method=args.int8_method,
             change_map=args.change_map,
             test_metrics=args.test_metrics,
-            calibrate_fold=args.calibrate_fold,
-        )
-    except (ExportError, FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=2) if args.json else format_report(report, args.out))
+        ),
+    )
+    if args.calibrate_fold is None:
+        report = export.write(out)
+    else:
+        report = export_calibrated(export, out, args.calibrate_fold)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        text = format_report(report, args.out)
+        if report.get("calibration"):
+            text += "\n" + format_block(report["calibration"]) + "\n" + format_ood(report["ood"])
+        print(text)
     if args.weights:
         print(f"wrote {export_weights(args.run, args.weights)} (fp16 weights for --init)")
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
+
+
+def export_calibrated(export: RunExport, out: Path, fold: int) -> dict[str, Any]:
+    """Export to a staged file, then calibrate it on ``fold`` of the export's chip store into
+    ``out`` (so a failed fit leaves nothing at ``out``); the class prototypes of the ``ood``
+    flag come from the other folds except the run's held-out one.
+
+    Returns:
+        The parity report (also written to ``NAME.parity.json``) with the ``calibration`` and
+        ``ood`` blocks stored in the model.
+    """
+    select_chips(export.store, fold)  # a missing fold fails here, before any work
+    holdout = export.info.summary.get("holdout")
+    folds = [f for f in store_folds(export.store) if f not in (fold, holdout)]
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        staged = Path(tmp) / "staged.onnx"
+        report = export.write(staged)
+        calibrated = calibrate_model(staged, export.store, out, fold=fold, prototype_folds=folds)
+    write_json(out.with_suffix(".parity.json"), report)
+    return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from cli.options import add_report_args
 from local_damage.experiments.geometry import (
     LOSS_NAMES,
     XBD_PROPORTIONS,
     GeometryConfig,
+    GeometryError,
     markdown_table,
     run_geometry,
     write_outputs,
@@ -81,6 +84,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=Path("runs/geometry"), help="output directory")
     p.add_argument("--name", default="geometry", help="stem of the output files")
+    add_report_args(p)
     p.set_defaults(func=_cmd_geometry)
     return p
 
@@ -99,11 +103,12 @@ def _cmd_geometry(args: argparse.Namespace) -> int:
             seed=args.seed,
             tol=args.tol,
         )
-    except ValueError as exc:
+    except GeometryError as exc:  # the settings, named as the command names them
         print(f"local-damage geometry: {exc}", file=sys.stderr)
         return 2
-    results = run_geometry(cfg, log=lambda msg: print(msg, file=sys.stderr))
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    results = run_geometry(cfg, log=log)
     paths = write_outputs(results, args.out, args.name)
-    print(markdown_table(results))
+    print(json.dumps(results, indent=2, default=str) if args.json else markdown_table(results))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

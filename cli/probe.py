@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from local_damage.experiments.probe import format_probe, probe
+from cli.options import add_report_args
+from data_prep.store import write_json
+from local_damage.config import load_yaml
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -29,30 +30,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config override"
     )
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    add_report_args(p, json=False)
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from local_damage.config import ConfigError, load_yaml
+    # torch-bearing: imported here so that `local-damage --help` needs no torch
+    from local_damage.experiments.probe import format_probe, probe
     from local_damage.train.config import Config
 
-    try:
-        cfg = load_yaml(Config, args.config, args.set)
-        result = probe(
-            cfg,
-            args.chips,
-            init=args.init,
-            holdout=args.holdout,
-            batches=args.batches,
-            epoch=args.epoch,
-        )
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_yaml(Config, args.config, args.set)
+    result = probe(
+        cfg,
+        args.chips,
+        init=args.init,
+        holdout=args.holdout,
+        batches=args.batches,
+        epoch=args.epoch,
+    )
     print(format_probe(result))
     if args.json:
-        from data_prep.store import write_json
-
         write_json(args.json, result)
     return 0

@@ -256,7 +256,7 @@ def test_calibrate_on_given_chips_equals_the_fold_they_make_up(
     block names the selection; the prototypes can come from given chips too."""
     from data_prep.split import fold_indices
     from local_damage.evaluation.calibrate import calibrate_model
-    from local_damage.evaluation.evaluate import select_chips
+    from local_damage.evaluation.chips import select_chips
 
     ids = select_chips(chips, 0)[0]
     assert set(ids) <= set(fold_indices(chips, 0)[1])

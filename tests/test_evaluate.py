@@ -168,8 +168,9 @@ def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
 
 
 def test_second_view_is_augmented_and_seeded(run, store):
-    from local_damage.evaluation.evaluate import select_chips
-    from local_damage.evaluation.scorers import TorchScorer, _augmented_view
+    from local_damage.evaluation.chips import select_chips
+    from local_damage.evaluation.scorers import augmented_view
+    from local_damage.evaluation.torch_scorer import TorchScorer
 
     scorer = TorchScorer(run)
     ids, _, _ = select_chips(store, fold=1)
@@ -179,7 +180,7 @@ def test_second_view_is_augmented_and_seeded(run, store):
     assert np.allclose(first.z_view2, again.z_view2, atol=1e-5)  # seeded, batch-independent
     assert np.allclose(first.logits, again.logits, atol=1e-5)
     assert not np.allclose(first.z_view2, first.z, atol=1e-3)
-    seed3, seed4 = (_augmented_view(store, ids, 32, seed) for seed in (3, 4))
+    seed3, seed4 = (augmented_view(store, ids, 32, seed) for seed in (3, 4))
     assert any(not np.array_equal(seed3[i][1], seed4[i][1]) for i in range(len(ids)))
     assert first.chip_ids == [c for c in _manifest(store)["chip_id"] if c in set(ids)]
     assert first.e_post.shape == (len(ids), 16)
@@ -240,8 +241,9 @@ def test_clear_errors(run, store, tmp_path, capsys):
 
 def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     from data_prep.xbd import prepare_xbd
-    from local_damage.evaluation.evaluate import select_chips
-    from local_damage.evaluation.scorers import OnnxScorer, TorchScorer
+    from local_damage.evaluation.chips import select_chips
+    from local_damage.evaluation.scorers import OnnxScorer
+    from local_damage.evaluation.torch_scorer import TorchScorer
     from local_damage.export.model import export_run
 
     model = tmp_path / "model.onnx"

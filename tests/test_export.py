@@ -98,7 +98,7 @@ def test_metadata_carries_run_facts(exported, tiny_run):
 
 
 def test_xbd_training_data_carries_its_licence():
-    from local_damage.export.model import XBD_CREDIT, training_data_info
+    from local_damage.export.provenance import XBD_CREDIT, training_data_info
 
     info, licence = training_data_info(
         {"source": "xbd"}, ["santa-rosa-wildfire", "joplin-tornado"], "/data/chips", 100
@@ -156,10 +156,11 @@ def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
     import onnx
 
     from local_damage.export.model import export_run
+    from local_damage.export.options import ExportOptions
 
     for kwargs, name in (({"quantize": "int8"}, "int8"), ({"fp16": True}, "fp16")):
         out = tmp_path / f"tiny-{name}.onnx"
-        report = export_run(tiny_run, out, **kwargs)
+        report = export_run(tiny_run, out, ExportOptions(**kwargs))
         v = report[name]
         assert 0.0 <= v["argmax_agreement_with_fp32"] <= 1.0
         assert v["meets_target"] == (v["argmax_agreement_with_fp32"] >= 0.99)
@@ -185,8 +186,9 @@ def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
 
 def test_parity_failure_writes_nothing(tiny_run, tmp_path, monkeypatch):
     from local_damage.export import model as export
+    from local_damage.export import parity
 
-    monkeypatch.setattr(export, "LOGIT_TOLERANCE", -1.0)  # no difference can pass
+    monkeypatch.setattr(parity, "LOGIT_TOLERANCE", -1.0)  # no difference can pass
     out = tmp_path / "never.onnx"
     with pytest.raises(export.ExportError, match="differ from PyTorch"):
         export.export_run(tiny_run, out)
@@ -196,7 +198,8 @@ def test_parity_failure_writes_nothing(tiny_run, tmp_path, monkeypatch):
 
 def test_bad_runs_give_clear_errors(tiny_run, tmp_path, capsys):
     from cli.main import main
-    from local_damage.export.model import ExportError, export_run
+    from local_damage.export.model import export_run
+    from local_damage.export.options import ExportError, ExportOptions
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -204,7 +207,7 @@ def test_bad_runs_give_clear_errors(tiny_run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "config.yaml" in err and str(empty) in err
     with pytest.raises(ExportError, match="--chips"):
-        export_run(tiny_run, tmp_path / "m.onnx", chips=tmp_path / "no-store")
+        export_run(tiny_run, tmp_path / "m.onnx", ExportOptions(chips=tmp_path / "no-store"))
     with pytest.raises(ExportError, match=r"\.onnx"):
         export_run(tiny_run, tmp_path / "m.bin")
     assert not (tmp_path / "m.onnx").exists()
@@ -216,7 +219,7 @@ def test_fp16_weights_fine_tune_into_the_same_model(tiny_run, tmp_path):
     from safetensors.torch import load_file
 
     from local_damage.config import load_yaml
-    from local_damage.export.model import export_weights
+    from local_damage.export.weights import export_weights
     from local_damage.models import build_model
     from local_damage.train.checkpoint import load_weights, resolve_weights
     from local_damage.train.config import Config
@@ -246,7 +249,9 @@ def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
 
     from app.web.app import card_markdown
     from cli.main import main
-    from local_damage.export.model import ExportError, export_run, summarize_test_metrics
+    from local_damage.export.model import export_run
+    from local_damage.export.options import ExportError, ExportOptions
+    from local_damage.export.provenance import summarize_test_metrics
     from runtime.predictor import Predictor
 
     evaluated = tmp_path / "eval"
@@ -254,7 +259,9 @@ def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
     assert main([*argv, "--fold", "0", "--out", str(evaluated), "--no-tsne", "--quiet"]) == 0
     metrics = json.loads((evaluated / "metrics.json").read_text())
     model = tmp_path / "m.onnx"
-    export_run(tiny_run, model, parity_limit=8, test_metrics=evaluated / "metrics.json")
+    export_run(
+        tiny_run, model, ExportOptions(parity_limit=8, test_metrics=evaluated / "metrics.json")
+    )
     card = Predictor(model).card()
     assert card["test_metrics"]["accuracy"] == metrics["accuracy"]
     assert card["test_metrics"]["n"] == metrics["n"]

@@ -21,13 +21,28 @@ calibration fold's largest cosine similarity to a prototype). ``--no-ood`` leave
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from local_damage.evaluation.scorers import Scored
+import numpy as np
+
+from local_damage.evaluation.chips import select_chips, store_folds, warn_spec_mismatch
+from local_damage.evaluation.scorers import OnnxScorer, Scored
+from local_damage.metrics import calibration_metrics
+from runtime import flags
+from runtime.calibration import (
+    METADATA_KEY,
+    CalibrationError,
+    calibration_block,
+    fit_temperature,
+)
+from runtime.contract import save_onnx, set_metadata
+from runtime.flags import class_prototypes, ood_block, ood_scores, ood_threshold
+from runtime.predictor import Predictor, softmax
+
+log = logging.getLogger(__name__)
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
@@ -56,29 +71,10 @@ def fold_note(metadata: dict[str, Any], fold: int | None) -> str | None:
 OOD_QUANTILE = 0.01
 
 
-def store_folds(chips: str | Path) -> list[int]:
-    """The folds of ``chips/splits.csv``, sorted.
-
-    Raises:
-        FileNotFoundError: the store has no splits.csv.
-    """
-    import pandas as pd
-
-    path = Path(chips) / "splits.csv"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: no splits, so prototype folds have no meaning; run `local-damage split "
-            f"{chips}` first"
-        )
-    return sorted(int(f) for f in pd.read_csv(path, usecols=["fold"])["fold"].unique())
-
-
 def _prototype_chips(
     chips: Path, fold: int | None, prototype_folds: list[int] | None
 ) -> tuple[list[str], list[int] | None, str]:
     """``(chip ids, folds, description)`` of the chips prototypes come from (see :func:`fit_ood`)."""
-    from local_damage.evaluation.evaluate import select_chips
-
     if prototype_folds is None and fold is not None:
         prototype_folds = [f for f in store_folds(chips) if f != fold]
     if prototype_folds is None:
@@ -86,12 +82,12 @@ def _prototype_chips(
     known = store_folds(chips)
     bad = [f for f in prototype_folds if f not in known]
     if bad or not prototype_folds:
-        raise ValueError(
+        raise CalibrationError(
             f"{chips / 'splits.csv'}: prototype fold(s) {bad or prototype_folds} not usable; "
             f"the folds are {known}"
         )
     if fold is not None and fold in prototype_folds:
-        raise ValueError(
+        raise CalibrationError(
             f"--prototype-folds {prototype_folds} include the calibration fold {fold}; the "
             "threshold must be chosen on chips the prototypes were not made from"
         )
@@ -136,16 +132,13 @@ def fit_ood(
         The block of :func:`runtime.flags.ood_block`.
 
     Raises:
-        ValueError: a prototype fold that is not in splits.csv, or that is the calibration fold.
+        CalibrationError: a prototype fold that is not in splits.csv, or that is the calibration
+            fold; both prototype folds and prototype chips.
     """
-    import numpy as np
-
-    from runtime.flags import class_prototypes, ood_block, ood_scores, ood_threshold
-
     chips = Path(chips)
     if prototype_ids is not None:
         if prototype_folds is not None:
-            raise ValueError("give prototype folds or prototype chips, not both")
+            raise CalibrationError("give prototype folds or prototype chips, not both")
         ids, selection = list(prototype_ids), f"{len(prototype_ids)} given chips of {chips}"
     else:
         ids, prototype_folds, selection = _prototype_chips(chips, fold, prototype_folds)
@@ -215,41 +208,34 @@ def calibrate_model(
         score, accuracy on those chips), and the ``ood`` block (:func:`runtime.flags.ood_block`).
 
     Raises:
-        FileNotFoundError: no model file, no manifest in ``chips``, or ``fold`` given and no
-            splits.csv.
-        ValueError: ``out`` does not end in .onnx, ``fold`` is not a fold of splits.csv, the
-            selection holds no labelled chip, the model is not a local-damage model, or no
-            temperature fits (:class:`runtime.calibration.CalibrationError`).
+        EvaluationError: no model file, no manifest in ``chips``, ``fold`` given and no
+            splits.csv or not one of its folds, or the selection holds no labelled chip
+            (:mod:`local_damage.evaluation.chips`).
+        ModelError: the model is not a local-damage model.
+        CalibrationError: ``out`` does not end in .onnx, a bad ood quantile or prototype
+            selection, or no temperature fits.
     """
     import onnx
 
-    from local_damage.evaluation.evaluate import select_chips, warn_spec_mismatch
-    from local_damage.evaluation.scorers import OnnxScorer
-    from local_damage.metrics import calibration_metrics
-    from runtime import flags
-    from runtime.calibration import METADATA_KEY, calibration_block, fit_temperature
-    from runtime.contract import save_onnx, set_metadata
-    from runtime.predictor import Predictor, softmax
-
     model, chips, out = Path(model), Path(chips), Path(out)
     if out.suffix != ".onnx":
-        raise ValueError(f"{out}: the model file name must end in .onnx")
+        raise CalibrationError(f"{out}: the model file name must end in .onnx")
     if not 0 < ood_quantile < 1:
-        raise ValueError(f"the ood quantile must lie in (0, 1), got {ood_quantile}")
+        raise CalibrationError(f"the ood quantile must lie in (0, 1), got {ood_quantile}")
     if prototype_ids is not None and prototype_folds is not None:
-        raise ValueError("give prototype folds or prototype chips, not both")
+        raise CalibrationError("give prototype folds or prototype chips, not both")
     scorer = OnnxScorer(model)
     note = None
     if chip_ids is None:
         chip_ids, description, unlabelled = select_chips(chips, fold)
         note = fold_note(scorer.predictor.metadata, fold)
     elif fold is not None:
-        raise ValueError("give a calibration fold or calibration chips, not both")
+        raise CalibrationError("give a calibration fold or calibration chips, not both")
     else:  # chips the caller chose (e.g. a validation slice); it answers for them
         chip_ids, description, unlabelled = list(chip_ids), selection, 0
     warn_spec_mismatch(scorer, chips)
     if note:
-        print(note, file=sys.stderr)
+        log.warning(note)
     scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
     try:
         temperature = fit_temperature(scored.logits, scored.labels)
@@ -269,9 +255,9 @@ def calibrate_model(
         after=_rounded(calibration_metrics(softmax(scored.logits / temperature), labels)),
     )
     props: dict[str, Any] = {METADATA_KEY: block}
-    ood_block = None
+    ood_fit = None
     if ood:
-        ood_block = fit_ood(
+        ood_fit = fit_ood(
             scorer,
             chips,
             scored,
@@ -282,7 +268,7 @@ def calibrate_model(
             progress,
             prototype_ids=prototype_ids,
         )
-        props[flags.METADATA_KEY] = ood_block
+        props[flags.METADATA_KEY] = ood_fit
     proto = onnx.load(str(model))
     set_metadata(proto, props)
     save_onnx(proto, out)
@@ -291,48 +277,7 @@ def calibrate_model(
         raise ValueError(
             f"{out}: the written model carries temperature {written}, not {temperature}"
         )
-    return {"calibration": block, "ood": ood_block}
-
-
-def calibration_report(
-    scored: Scored, temperature: float | None
-) -> tuple[dict[str, Any], dict[str, dict]]:
-    """Calibration figures of scored chips, and the reliability tables to plot.
-
-    Returns:
-        ``(block, curves)``: ``block`` is ``{"temperature", "bins", "before", "after"}`` with
-        ``before`` the :func:`~local_damage.metrics.calibration_metrics` (ECE, NLL, Brier,
-        accuracy) of the softmax of the raw logits and ``after`` those of the calibrated
-        probabilities (None without a temperature), each with ``ece_floor``: the ECE chance
-        alone gives that many predictions at those confidences
-        (:func:`~local_damage.metrics.ece_sampling_floor`); ``curves`` maps a legend label with the ECE
-        to the :func:`~local_damage.metrics.reliability_bins` of each.
-    """
-    from local_damage.metrics import (
-        ECE_BINS,
-        calibration_metrics,
-        ece_sampling_floor,
-        reliability_bins,
-    )
-    from runtime.predictor import softmax
-
-    raw = softmax(scored.logits)
-    before = calibration_metrics(raw, scored.labels)
-    before["ece_floor"] = ece_sampling_floor(raw)
-    after = None
-    if temperature:
-        after = calibration_metrics(scored.probabilities, scored.labels)
-        after["ece_floor"] = ece_sampling_floor(scored.probabilities)
-    curves = {
-        f"{'before calibration' if temperature else 'uncalibrated'} (ECE {before['ece']:.3f})": (
-            reliability_bins(raw, scored.labels)
-        )
-    }
-    if after is not None:
-        label = f"after, T = {temperature:.3f} (ECE {after['ece']:.3f})"
-        curves[label] = reliability_bins(scored.probabilities, scored.labels)
-    block = {"temperature": temperature, "bins": ECE_BINS, "before": before, "after": after}
-    return block, curves
+    return {"calibration": block, "ood": ood_fit}
 
 
 def format_ood(block: dict[str, Any] | None) -> str:
@@ -366,7 +311,3 @@ def format_block(block: dict[str, Any]) -> str:
             + f" (accuracy {after['accuracy']:.4f}, unchanged)"
         )
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------
-# command line

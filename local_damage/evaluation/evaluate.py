@@ -30,17 +30,34 @@ have no direction: they are left out of the representation metrics and t-SNE plo
 
 from __future__ import annotations
 
-import sys
+import csv
+import logging
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from local_damage.evaluation.scorers import (
-    EvaluationError,
-    Scored,
-    Scorer,
-    _spec_from,
+import numpy as np
+
+from data_prep.store import atomic_path, read_manifest, write_json
+from data_prep.xbd import prepare_xbd
+from local_damage.evaluation.chips import select_chips, warn_spec_mismatch
+from local_damage.evaluation.scorers import EvaluationError, OnnxScorer, Scored, Scorer
+from local_damage.metrics import (
+    ECE_BINS,
+    calibration_metrics,
+    classification_metrics,
+    ece_sampling_floor,
+    plot_confusion_matrix,
+    plot_embedding_tsne,
+    plot_reliability_diagram,
+    reliability_bins,
+    representation_metrics,
+    unit_rows,
 )
+from runtime.predictor import softmax
+
+log = logging.getLogger(__name__)
 
 METRICS_JSON = "metrics.json"
 PREDICTIONS_CSV = "predictions.csv"
@@ -48,52 +65,37 @@ RELIABILITY_PNG = "reliability.png"
 
 
 # --------------------------------------------------------------------------------------------
-# which chips
+# the evaluation
 
 
-def select_chips(chips: str | Path, fold: int | None = None) -> tuple[list[str], str, int]:
-    """The labelled chips to evaluate, in manifest order.
+def load_scorer(
+    run: str | Path | None = None,
+    model: str | Path | None = None,
+    device: str = "auto",
+    tta: str = "none",
+) -> Scorer:
+    """A :class:`~local_damage.evaluation.torch_scorer.TorchScorer` for a run folder or an
+    :class:`~local_damage.evaluation.scorers.OnnxScorer` for an ONNX file.
 
-    Args:
-        chips: chip store folder.
-        fold: evaluate the chips of this fold of ``splits.csv``; None: every labelled chip.
-
-    Returns:
-        ``(chip_ids, description, unlabelled)``: the ids, a short description of the selection
-        and the number of unlabelled chips left out.
+    ``tta``: test-time augmentation of the ONNX model (``runtime.predictor.TTA_VIEWS``).
 
     Raises:
-        FileNotFoundError: no manifest, or ``fold`` given and the store has no splits.csv.
-        EvaluationError: the selection holds no labelled chip.
+        EvaluationError: the run folder lacks config.yaml or best.safetensors, or the ONNX file
+            does not exist; both or neither of ``run`` and ``model``; ``tta`` with a run folder.
     """
-    from data_prep.store import read_manifest
-
-    chips = Path(chips)
-    frame = read_manifest(chips)
-    if fold is not None:
-        from data_prep.split import fold_indices
-
-        if not (chips / "splits.csv").is_file():
-            raise FileNotFoundError(
-                f"{chips / 'splits.csv'}: no splits, so --fold {fold} has no meaning; run "
-                f"`local-damage split {chips}` first, or leave out --fold to use every chip"
-            )
-        wanted = set(fold_indices(chips, fold)[1])
-        frame = frame[frame["chip_id"].isin(wanted)]
-        description = f"fold {fold} of {chips / 'splits.csv'}"
-    else:
-        description = f"all labelled chips of {chips} (no --fold given)"
-    labelled = frame[frame["label"] >= 0]
-    if labelled.empty:
+    if (run is None) == (model is None):
+        raise EvaluationError("give exactly one of a run folder or an ONNX model")
+    if run is not None and tta != "none":
         raise EvaluationError(
-            f"{chips}: no labelled chips in {description}"
-            + (f" ({len(frame)} unlabelled)" if len(frame) else "")
+            f"test-time augmentation ({tta}) grades an exported model: export the run and give "
+            "it as --model"
         )
-    return labelled["chip_id"].tolist(), description, int(len(frame) - len(labelled))
+    if run is None:
+        return OnnxScorer(model, tta)
+    # torch-bearing: imported here so that evaluating an ONNX model needs no torch
+    from local_damage.evaluation.torch_scorer import TorchScorer
 
-
-# --------------------------------------------------------------------------------------------
-# the evaluation
+    return TorchScorer(run, device=device)
 
 
 def evaluate(
@@ -126,23 +128,11 @@ def evaluate(
     Returns:
         The metrics dict also written to ``out/metrics.json``: the keys of
         :func:`~local_damage.metrics.classification_metrics`, ``calibration`` (see
-        :func:`local_damage.evaluation.calibrate.calibration_report`), ``representation`` (see
+        :func:`calibration_report`), ``representation`` (see
         :func:`~local_damage.metrics.representation_metrics`, plus
         ``zero_embeddings_left_out``, see :func:`~local_damage.metrics.unit_rows`; None with
         fewer than 2 usable embeddings), ``source`` and ``views``.
     """
-    from data_prep.store import write_json
-    from local_damage.evaluation.calibrate import calibration_report
-    from local_damage.metrics import (
-        ECE_BINS,
-        classification_metrics,
-        plot_confusion_matrix,
-        plot_embedding_tsne,
-        plot_reliability_diagram,
-        representation_metrics,
-        unit_rows,
-    )
-
     if not chip_ids:
         raise EvaluationError(f"{chips}: no chips to evaluate")
     out = Path(out)
@@ -206,17 +196,45 @@ def evaluate(
     return metrics
 
 
+def calibration_report(
+    scored: Scored, temperature: float | None
+) -> tuple[dict[str, Any], dict[str, dict]]:
+    """Calibration figures of scored chips, and the reliability tables to plot.
+
+    Returns:
+        ``(block, curves)``: ``block`` is ``{"temperature", "bins", "before", "after"}`` with
+        ``before`` the :func:`~local_damage.metrics.calibration_metrics` (ECE, NLL, Brier,
+        accuracy) of the softmax of the raw logits and ``after`` those of the calibrated
+        probabilities (None without a temperature), each with ``ece_floor``: the ECE chance
+        alone gives that many predictions at those confidences
+        (:func:`~local_damage.metrics.ece_sampling_floor`); ``curves`` maps a legend label with the ECE
+        to the :func:`~local_damage.metrics.reliability_bins` of each.
+    """
+    raw = softmax(scored.logits)
+    before = calibration_metrics(raw, scored.labels)
+    before["ece_floor"] = ece_sampling_floor(raw)
+    after = None
+    if temperature:
+        after = calibration_metrics(scored.probabilities, scored.labels)
+        after["ece_floor"] = ece_sampling_floor(scored.probabilities)
+    curves = {
+        f"{'before calibration' if temperature else 'uncalibrated'} (ECE {before['ece']:.3f})": (
+            reliability_bins(raw, scored.labels)
+        )
+    }
+    if after is not None:
+        label = f"after, T = {temperature:.3f} (ECE {after['ece']:.3f})"
+        curves[label] = reliability_bins(scored.probabilities, scored.labels)
+    block = {"temperature": temperature, "bins": ECE_BINS, "before": before, "after": after}
+    return block, curves
+
+
 def per_event_metrics(
     chips: str | Path, scored: Scored, class_names: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
     """Accuracy, macro-F1 and per-class F1 of each event of the store's manifest among the
     scored chips (``{event: {"n", "accuracy", "macro_f1", "per_class_f1", "support"}}``; a
     class absent from an event has F1 None and does not enter its macro-F1)."""
-    import numpy as np
-
-    from data_prep.store import read_manifest
-    from local_damage.metrics import classification_metrics
-
     manifest = read_manifest(chips).set_index("chip_id")
     events = manifest.loc[list(scored.chip_ids), "event"].astype(str).to_numpy()
     out: dict[str, dict[str, Any]] = {}
@@ -242,10 +260,6 @@ def per_event_metrics(
 
 def write_predictions(path: str | Path, scored: Scored, class_names: Sequence[str]) -> None:
     """Write ``predictions.csv``: chip_id, label, pred, ``p_<class>`` for every class."""
-    import csv
-
-    from data_prep.store import atomic_path
-
     preds = scored.predictions
     with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.writer(fh)
@@ -317,10 +331,6 @@ def evaluate_xbd(
     Raises:
         EvaluationError: the model's chip spec is unknown (a run without summary.json).
     """
-    import tempfile
-
-    from data_prep.xbd import prepare_xbd
-
     if scorer.spec is None:
         where = next(iter(scorer.source.values()))
         raise EvaluationError(
@@ -330,7 +340,7 @@ def evaluate_xbd(
     with tempfile.TemporaryDirectory(prefix="evaluate-chips-") as tmp:
         report = prepare_xbd(list(roots), tmp, spec=scorer.spec, progress=progress)
         for item in report.skipped:
-            print(f"skipped {item}", file=sys.stderr)
+            log.warning(f"skipped {item}")
         chip_ids, _, unlabelled = select_chips(tmp)
         source = {
             "xbd": [str(r) for r in roots],
@@ -343,10 +353,6 @@ def evaluate_xbd(
         return evaluate(scorer, tmp, chip_ids, out, source=source, progress=progress, **kwargs)
 
 
-# --------------------------------------------------------------------------------------------
-# command line
-
-
 def evaluate_chips(
     scorer: Scorer,
     chips: str | Path,
@@ -357,7 +363,7 @@ def evaluate_chips(
 ) -> dict[str, Any]:
     """Evaluate the labelled chips of a store (fold ``fold`` of its splits, or all of them).
 
-    Warns on stderr when the store was cut with another chip spec than the model's, and when
+    Warns (logs) when the store was cut with another chip spec than the model's, and when
     evaluating every chip of the store the run was trained on. Keyword arguments as
     :func:`evaluate`.
     """
@@ -367,10 +373,9 @@ def evaluate_chips(
     summary = getattr(scorer, "summary", {})
     same_store = summary.get("chips") and Path(summary["chips"]).resolve() == chips.resolve()
     if fold is None and same_store and summary.get("fold") is not None:
-        print(
+        log.warning(
             f"note: the run held out fold {summary['fold']}; evaluating every chip includes its "
-            f"training chips (use --fold {summary['fold']} for its validation fold)",
-            file=sys.stderr,
+            f"training chips (use --fold {summary['fold']} for its validation fold)"
         )
     source = {
         "chips": str(chips),
@@ -379,16 +384,3 @@ def evaluate_chips(
         "unlabelled_left_out": unlabelled,
     }
     return evaluate(scorer, chips, chip_ids, out, source=source, progress=progress, **kwargs)
-
-
-def warn_spec_mismatch(scorer: Scorer, chips: str | Path) -> None:
-    """Warn on stderr when the store was cut with another chip spec than the model's."""
-    from data_prep.store import read_meta
-
-    store_spec = read_meta(chips).get("spec")
-    if scorer.spec is not None and store_spec and _spec_from(store_spec) != scorer.spec:
-        print(
-            f"warning: {chips} was cut with chip spec {store_spec}, the model with "
-            f"{scorer.spec.to_dict()}: scores may not reflect the model",
-            file=sys.stderr,
-        )

@@ -19,12 +19,28 @@ training. A fold that fails is reported at the end; the others still make the ta
 
 from __future__ import annotations
 
-import sys
+import csv
+import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from data_prep.errors import LocalDamageError
+from data_prep.spec import CLASS_NAMES
+from data_prep.split import load_splits
+from data_prep.store import atomic_path, read_manifest, safe_name, write_json
+from local_damage.config import ConfigError, load_yaml, to_dict
+from local_damage.evaluation.evaluate import METRICS_JSON, evaluate_chips
+from local_damage.evaluation.torch_scorer import TorchScorer
+from local_damage.metrics import classification_metrics
+from local_damage.train.checkpoint import LAST_DIR
+from local_damage.train.config import Config
+from local_damage.train.loop import SUMMARY, train
+
+log = logging.getLogger(__name__)
 
 CV_RESULTS = "cv_results.json"
 #: Exceptions that fail one fold without stopping the others.
@@ -42,8 +58,6 @@ def method_names(configs: Sequence[str | Path], names: Sequence[str] | None = No
         CrossValidationError: the counts differ, a name repeats, or a name is not a plain
             file name.
     """
-    from data_prep.store import safe_name
-
     if names:
         if len(names) != len(configs):
             raise CrossValidationError(
@@ -81,9 +95,6 @@ def check_run_config(run: str | Path, cfg) -> None:
     Raises:
         CrossValidationError: ``run/config.yaml`` differs from ``cfg``; names the keys.
     """
-    from local_damage.config import load_yaml, to_dict
-    from local_damage.train.config import Config
-
     path = Path(run) / "config.yaml"
     if not path.is_file():
         return
@@ -102,10 +113,6 @@ def check_run_holdout(run: str | Path, holdout: int | None) -> None:
     Raises:
         CrossValidationError: it held out another fold (or none).
     """
-    import json
-
-    from local_damage.train.loop import SUMMARY
-
     path = Path(run) / SUMMARY
     if not path.is_file():
         return
@@ -144,13 +151,6 @@ def run_fold(
     Raises:
         CrossValidationError: ``run`` holds a run of another config.
     """
-    import json
-
-    from local_damage.evaluation.evaluate import METRICS_JSON, evaluate_chips
-    from local_damage.evaluation.scorers import TorchScorer
-    from local_damage.train.checkpoint import LAST_DIR
-    from local_damage.train.loop import SUMMARY, train
-
     run = Path(run)
     check_run_config(run, cfg)
     check_run_holdout(run, holdout)
@@ -193,10 +193,6 @@ def pooled_metrics(fold_metrics: dict[str, dict], class_names: Sequence[str]) ->
     that occurs in one fold only (minor damage in a single tile, say) counts once with all its
     buildings instead of swinging one fold's macro-F1. ``None`` when there are no folds.
     """
-    import numpy as np
-
-    from local_damage.metrics import classification_metrics
-
     if not fold_metrics:
         return None
     cm = sum(np.asarray(m["confusion_matrix"], dtype=np.int64) for m in fold_metrics.values())
@@ -242,9 +238,6 @@ def summarise_method(fold_metrics: dict[str, dict], class_names: Sequence[str]) 
 
 def prevalence(chips: str | Path, folds: Sequence[int], class_names: Sequence[str]) -> dict:
     """Share of each class among the labelled chips of ``folds`` (the chips evaluated)."""
-    from data_prep.split import load_splits
-    from data_prep.store import read_manifest
-
     splits = load_splits(chips)
     ids = set(splits.loc[splits["fold"].isin(list(folds)), "chip_id"])
     frame = read_manifest(chips)
@@ -381,10 +374,6 @@ def table3(results: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _write_csv(path: Path, records: list[dict[str, Any]]) -> None:
-    import csv
-
-    from data_prep.store import atomic_path
-
     with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else [])
         writer.writeheader()
@@ -394,8 +383,6 @@ def _write_csv(path: Path, records: list[dict[str, Any]]) -> None:
 
 def write_tables(results: dict[str, Any], out: str | Path) -> tuple[str, str]:
     """Write cv_results.json, table2.md/.csv and table3.md/.csv; return the two markdown tables."""
-    from data_prep.store import atomic_path, write_json
-
     out = Path(out)
     write_json(out / CV_RESULTS, results)
     tables = []
@@ -439,15 +426,9 @@ def cross_validate(
         ``failed`` (method, fold, error of every fold that could not be run).
 
     Raises:
-        CrossValidationError: a config cannot be loaded, names clash, or a fold is not in
-            splits.csv.
-        FileNotFoundError: the store has no manifest or no splits.csv.
+        CrossValidationError: a config cannot be loaded, names clash, a fold is not in
+            splits.csv, or the store has no manifest or no (current) splits.csv.
     """
-    from data_prep.spec import CLASS_NAMES
-    from data_prep.split import load_splits
-    from local_damage.config import ConfigError, load_yaml
-    from local_damage.train.config import Config
-
     chips, out = Path(chips), Path(out)
     labels = method_names(configs, names)
     loaded = []
@@ -462,7 +443,10 @@ def cross_validate(
             f"the configs disagree on model.num_classes ({sorted(num_classes)}); one table needs one set of classes"
         )
     class_names = list(CLASS_NAMES[: num_classes.pop()])
-    available = sorted(int(f) for f in load_splits(chips)["fold"].unique())
+    try:
+        available = sorted(int(f) for f in load_splits(chips)["fold"].unique())
+    except (FileNotFoundError, ValueError) as exc:  # no splits.csv, or a stale one
+        raise CrossValidationError(str(exc)) from exc
     if folds is None:
         folds = available
     unknown = [f for f in folds if f not in available]
@@ -488,11 +472,10 @@ def cross_validate(
 
     for name, cfg in zip(labels, loaded, strict=True):
         if cfg.train.keep == "best":
-            print(
+            log.warning(
                 f"[{name}] train.keep=best: each fold is evaluated with the epoch of best macro-F1 "
                 "on that same fold, an optimistic estimate; --set train.keep=last evaluates the "
-                "last epoch (and --set train.patience=0 stops no run early on its fold)",
-                file=sys.stderr,
+                "last epoch (and --set train.patience=0 stops no run early on its fold)"
             )
 
     methods, failed = [], []
@@ -500,20 +483,19 @@ def cross_validate(
         fold_metrics: dict[str, dict] = {}
         for fold in folds:
             run = out / name / f"fold{fold}"
-            print(f"[{name} fold {fold}] {run}", file=sys.stderr)
+            log.info(f"[{name} fold {fold}] {run}")
             try:
                 metrics, how = run_fold(
                     cfg, chips, run, fold, views=views, progress=progress, holdout=holdout
                 )
             except FOLD_ERRORS as exc:
                 message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-                print(f"[{name} fold {fold}] failed: {message}", file=sys.stderr)
+                log.warning(f"[{name} fold {fold}] failed: {message}")
                 failed.append({"method": name, "fold": fold, "error": message})
                 continue
-            print(
+            log.info(
                 f"[{name} fold {fold}] {how}: accuracy {metrics['accuracy']:.4f}, "
-                f"macro-F1 {metrics['macro_f1']:.4f}",
-                file=sys.stderr,
+                f"macro-F1 {metrics['macro_f1']:.4f}"
             )
             fold_metrics[str(fold)] = metrics
         methods.append(
@@ -540,7 +522,3 @@ def cross_validate(
     }
     write_tables(results, out)
     return results
-
-
-# --------------------------------------------------------------------------------------------
-# command line

@@ -35,6 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.errors import LocalDamageError
+from data_prep.store import atomic_path, write_json
+
 XBD_PROPORTIONS = (0.70, 0.11, 0.13, 0.06)
 LOSS_NAMES = ("scl", "ocl")
 _LOSS_TITLES = {"scl": "SCL", "ocl": "OCL"}
@@ -58,6 +61,10 @@ TABLE_COLUMNS = (
 )
 
 
+class GeometryError(LocalDamageError, ValueError):
+    """Settings of a geometry experiment that cannot run; the message says which."""
+
+
 @dataclass
 class GeometryConfig:
     """Settings of one geometry experiment.
@@ -75,6 +82,9 @@ class GeometryConfig:
         tol: convergence threshold on the relative change of the full-batch loss over the last
             10% of the steps.
         eval_points: how many times the full-batch loss is recorded during a run.
+
+    Raises:
+        GeometryError: a setting out of range (see :func:`class_counts_for` for the counts).
     """
 
     proportions: tuple[float, ...] = XBD_PROPORTIONS
@@ -97,19 +107,19 @@ class GeometryConfig:
         self.counts = class_counts_for(self.proportions, self.n)
         k = len(self.counts)
         if self.dim < k:
-            raise ValueError(f"dim must be >= the number of classes K={k}, got {self.dim}")
+            raise GeometryError(f"dim must be >= the number of classes K={k}, got {self.dim}")
         for b in self.batch_sizes:
             if not 2 <= b <= self.n:
-                raise ValueError(f"batch size {b} must lie in [2, n={self.n}]")
+                raise GeometryError(f"batch size {b} must lie in [2, n={self.n}]")
         unknown = sorted(set(self.losses) - set(LOSS_NAMES))
         if unknown or not self.losses:
-            raise ValueError(f"unknown losses {unknown}; valid losses: {', '.join(LOSS_NAMES)}")
+            raise GeometryError(f"unknown losses {unknown}; valid losses: {', '.join(LOSS_NAMES)}")
         if self.steps < 10:
-            raise ValueError(f"steps must be >= 10, got {self.steps}")
+            raise GeometryError(f"steps must be >= 10, got {self.steps}")
         if not self.lr > 0 or not self.temperature > 0 or not self.tol > 0:
-            raise ValueError("lr, temperature and tol must be > 0")
+            raise GeometryError("lr, temperature and tol must be > 0")
         if self.eval_points < 2:
-            raise ValueError(f"eval_points must be >= 2, got {self.eval_points}")
+            raise GeometryError(f"eval_points must be >= 2, got {self.eval_points}")
 
 
 def class_counts_for(proportions: Sequence[float], n: int) -> tuple[int, ...]:
@@ -123,14 +133,14 @@ def class_counts_for(proportions: Sequence[float], n: int) -> tuple[int, ...]:
         K counts summing to ``n``.
 
     Raises:
-        ValueError: fewer than 2 classes, a negative or non-finite weight, or a class that would
+        GeometryError: fewer than 2 classes, a negative or non-finite weight, or a class that would
             get fewer than 2 samples (it would never have a positive).
     """
     props = [float(p) for p in proportions]
     if len(props) < 2:
-        raise ValueError(f"need at least 2 class proportions, got {len(props)}")
+        raise GeometryError(f"need at least 2 class proportions, got {len(props)}")
     if any(not math.isfinite(p) or p <= 0 for p in props):
-        raise ValueError(f"class proportions must be finite and > 0, got {props}")
+        raise GeometryError(f"class proportions must be finite and > 0, got {props}")
     total = sum(props)
     exact = [p / total * n for p in props]
     counts = [math.floor(x) for x in exact]
@@ -139,7 +149,7 @@ def class_counts_for(proportions: Sequence[float], n: int) -> tuple[int, ...]:
         counts[i] += 1
     small = [i for i, c in enumerate(counts) if c < 2]
     if small:
-        raise ValueError(
+        raise GeometryError(
             f"class(es) {small} get fewer than 2 of n={n} samples with proportions {props}; "
             "raise --n"
         )
@@ -217,6 +227,7 @@ def run_one(cfg: GeometryConfig, loss_name: str, batch_size: int) -> dict[str, A
     import torch
     import torch.nn.functional as F
 
+    # torch-bearing: imported here so that the command line reads its defaults without torch
     from local_damage.losses import OrthonormalContrastiveLoss, SupConLoss
 
     k = len(cfg.counts)
@@ -375,8 +386,6 @@ def plot_grams(results: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from data_prep.store import atomic_path
-
     cfg = results["config"]
     losses, batches = cfg["losses"], cfg["batch_sizes"]
     counts = results["counts"]
@@ -432,8 +441,6 @@ def write_outputs(
     results: dict[str, Any], out: str | Path, name: str = "geometry"
 ) -> dict[str, Path]:
     """Write ``NAME.json`` (everything), ``NAME.md`` (the table) and ``NAME.png`` under ``out``."""
-    from data_prep.store import atomic_path, write_json
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "png": out / f"{name}.png"}

@@ -25,6 +25,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from data_prep.errors import LocalDamageError
+from data_prep.spec import CLASS_NAMES
+from data_prep.split import fold_indices
+from data_prep.store import read_manifest
+from local_damage.data import ChipPairDataset, class_counts, normalize
+from local_damage.losses import class_weights
+from local_damage.losses.objective import METHODS
+from local_damage.models import build_model
+from local_damage.train import checkpoint as ckpt
+from local_damage.train.loop import model_config_for, seed_everything
+
+
+class ProbeError(LocalDamageError, ValueError):
+    """A probe that cannot run on its input; the message names the file or setting."""
+
 
 def probe(
     cfg,
@@ -48,30 +67,21 @@ def probe(
     Returns:
         ``{"alpha", "beta", "terms": {name: {"grad_norm", "ratio_to_wce", "cos_with_wce"}},
         "per_class": {class: {"n", "latent_raw_norm", "l_within_cos", "z_within_cos"}}}``.
+
+    Raises:
+        ProbeError: ``batches`` < 1, no manifest, no splits.csv or no such holdout fold, or
+            ``init`` is not a run folder or weights file.
     """
-    import numpy as np
-    import torch
-    from torch.utils.data import DataLoader
-
-    from data_prep.spec import CLASS_NAMES
-    from local_damage.data import ChipPairDataset, class_counts, normalize
-    from local_damage.losses import class_weights
-    from local_damage.losses.objective import METHODS
-    from local_damage.models import build_model
-    from local_damage.train import checkpoint as ckpt
-    from local_damage.train.loop import model_config_for, seed_everything
-
     if batches < 1:
-        raise ValueError(f"batches must be >= 1, got {batches}")
+        raise ProbeError(f"batches must be >= 1, got {batches}")
     seed_everything(cfg.train.seed, False)
-    if holdout is not None:
-        from data_prep.split import fold_indices
-
-        ids, _ = fold_indices(chips, None, holdout)
-    else:
-        from data_prep.store import read_manifest
-
-        ids = read_manifest(chips)["chip_id"].tolist()
+    try:
+        if holdout is not None:
+            ids, _ = fold_indices(chips, None, holdout)
+        else:
+            ids = read_manifest(chips)["chip_id"].tolist()
+    except (FileNotFoundError, ValueError) as exc:  # the store's manifest or splits
+        raise ProbeError(str(exc)) from exc
     ds = ChipPairDataset(chips, ids, cfg.data.input_size, augment=False)
     keep = [r["chip_id"] for r in ds.records if int(r["label"]) >= 0]
     ds = ChipPairDataset(chips, keep, cfg.data.input_size, augment=False)
@@ -81,7 +91,11 @@ def probe(
     )
     model = build_model(model_config_for(cfg))
     if init is not None:
-        ckpt.load_weights(model, ckpt.resolve_weights(init), strict=False)
+        try:
+            weights = ckpt.resolve_weights(init)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ProbeError(str(exc)) from exc
+        ckpt.load_weights(model, weights, strict=False)
     model.train()
     k = cfg.model.num_classes
     weights = torch.as_tensor(

@@ -22,19 +22,18 @@ from local_damage.metrics.classification import (
     plot_confusion_matrix,
 )
 from local_damage.metrics.representation import (
-    CLASS_COLOURS,
     class_alignment_consistency,
     class_alignment_distance,
     class_mean_gram,
     gaussian_potential_uniformity,
     gram_of_sums,
     gram_summary,
-    plot_embedding_tsne,
     representation_metrics,
     sample_alignment_accuracy,
     sample_alignment_distance,
     unit_rows,
 )
+from local_damage.metrics.tsne import CLASS_COLOURS, plot_embedding_tsne
 
 __all__ = [
     "CLASS_COLOURS",

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import ArrayLike
 
+from data_prep.store import atomic_path
 from local_damage.metrics.representation import check_labels
 
 #: Bins of the expected calibration error and the reliability diagram.
@@ -194,8 +195,6 @@ def plot_reliability_diagram(
         title: optional plot title.
     """
     from matplotlib.figure import Figure
-
-    from data_prep.store import atomic_path
 
     if not curves:
         raise ValueError("curves must hold at least one reliability table")

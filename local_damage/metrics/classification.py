@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
+from data_prep.store import atomic_path
 from local_damage.metrics.representation import check_labels
 
 
@@ -109,8 +110,6 @@ def plot_confusion_matrix(
         title: optional plot title.
     """
     from matplotlib.figure import Figure
-
-    from data_prep.store import atomic_path
 
     counts = np.asarray(cm)
     k = len(class_names)

@@ -1,0 +1,156 @@
+"""The measurements of one held-out event: per repeat and number of labels k, the base model
+adapted to k labels (random or suggested) and the network fine-tuned on them, each scored on the
+rest of the event."""
+
+from __future__ import annotations
+
+import tempfile
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.adapt.fit import METHODS, AdaptError, adapt_head
+from app.adapt.labelled import from_chip_store
+from app.adapt.model import base_of, base_prototypes
+from app.adapt.suggest import suggestion_order
+from bench.fewshot_settings import Settings, pool_size
+from local_damage.config import apply_overrides
+from local_damage.evaluation.torch_scorer import TorchScorer
+from local_damage.metrics import classification_metrics
+from local_damage.train.loop import train
+from runtime.predictor import Predictor
+
+
+def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    m = classification_metrics(y, pred, names)
+    return {"accuracy": round(float(m["accuracy"]), 6), "macro_f1": round(float(m["macro_f1"]), 6)}
+
+
+def finetune(cfg, chips, base_run: Path, label_ids, eval_ids, epochs, overrides, seed, folder):
+    """``(predictions in eval_ids order, note)`` of ``train --init base_run`` on ``label_ids``."""
+    batch = min(cfg.train.batch_size, len(label_ids))
+    sets = [
+        f"train.epochs={epochs}",
+        f"train.batch_size={batch}",
+        "train.keep=last",
+        "train.patience=0",
+        f"train.seed={seed}",
+        *overrides,
+    ]
+    tuned = apply_overrides(cfg, sets)
+    with tempfile.TemporaryDirectory(prefix="finetune-", dir=folder) as tmp:
+        train(tuned, chips, tmp, init=base_run, progress=False, ids=(list(label_ids), []))
+        scored = TorchScorer(tmp).score(chips, list(eval_ids), batch_size=cfg.train.eval_batch_size)
+    where = {c: i for i, c in enumerate(scored.chip_ids)}
+    logits = scored.logits[[where[c] for c in eval_ids]]
+    if not np.isfinite(logits).all():
+        return None, "fine-tuning diverged (non-finite logits)"
+    return logits.argmax(1), f"{epochs} epoch(s), batch {batch}"
+
+
+def measure_event(
+    event: str, chips, cfg, base_run: Path, base_onnx: Path, settings: Settings, bar=None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every measurement of one held-out event (see :mod:`bench.fewshot`).
+
+    Returns:
+        ``(rows, splits)``: one row per repeat, k and arm (``labelled``: the chip ids given,
+        ``accuracy`` and ``macro_f1`` of the evaluation set, ``model``: the head kept, ``note``),
+        and per repeat the chip ids of the pool (in random order) and of the evaluation set.
+    """
+    predictor = Predictor(base_onnx)
+    names = list(predictor.class_names)
+    b = from_chip_store(chips, names, event=event)
+    b = b.subset(b.labelled)
+    p = predictor.predict(b.pre, b.post)
+    raw = p.raw_logits if p.raw_logits is not None else p.logits
+    y, ids, base_pred = b.labels, np.asarray(b.ids), p.probabilities.argmax(1)
+    t0, _ = base_of(predictor.metadata)
+    protos = base_prototypes(predictor.metadata, names)
+    n_pool = pool_size(len(b), settings)
+    rows: list[dict[str, Any]] = []
+    splits: list[dict[str, Any]] = []
+    for r in range(settings.repeats):
+        rng = np.random.default_rng([settings.seed, r, zlib.crc32(event.encode())])
+        perm = rng.permutation(len(b))
+        pool, ev = perm[:n_pool], np.sort(perm[n_pool:])
+        # the suggested labels come in rounds, as an analyst gets them: the first round ranked
+        # with the base model, each later one with the head adapted to the labels so far
+        suggested: list[int] = []
+        head = None
+        splits.append({"repeat": r, "pool": ids[pool].tolist(), "eval": ids[ev].tolist()})
+        common = {"event": event, "repeat": r, "pool": int(n_pool), "n_eval": int(len(ev))}
+        base = _scores(y[ev], base_pred[ev], names)
+        for k in sorted(settings.k):
+            if len(suggested) < k:
+                taken = set(suggested)
+                rest = np.asarray([i for i in pool if i not in taken], dtype=np.int64)
+                prob = p.probabilities[rest]
+                if head is not None:
+                    prob = np.exp(head.log_probabilities(raw[rest], p.embedding[rest]))
+                # the random share is drawn in the pool's own random order: the first round is
+                # the random arm's draw, and a later round's random picks are the next of it
+                ranked, _ = suggestion_order(
+                    prob,
+                    p.embedding[rest],
+                    k - len(suggested),
+                    p.embedding[suggested] if suggested else None,
+                    adapted=head is not None,
+                    order=np.arange(len(rest)),
+                )
+                suggested += rest[ranked].tolist()
+            for arm in ("adapt-random", "adapt-suggested", "finetune"):
+                if arm == "finetune" and not settings.finetune_epochs:
+                    continue
+                given = pool[:k] if arm != "adapt-suggested" else np.asarray(suggested[:k], int)
+                row: dict[str, Any] = {**common, "k": int(k), "arm": arm}
+                row["labelled"] = ids[given].tolist()
+                row["labels_per_class"] = {
+                    n: int(np.sum(y[given] == i)) for i, n in enumerate(names)
+                }
+                if k == 0:
+                    row.update(base, model="base")
+                elif arm == "finetune" and k < 2:
+                    row.update(model=None, note="fine-tuning needs 2 labels")
+                elif arm == "finetune":
+                    pred, note = finetune(
+                        cfg,
+                        chips,
+                        base_run,
+                        row["labelled"],
+                        ids[ev].tolist(),
+                        settings.finetune_epochs,
+                        settings.finetune_overrides or [],
+                        cfg.train.seed + r,
+                        base_onnx.parent,
+                    )
+                    row.update(_scores(y[ev], pred, names) if pred is not None else {})
+                    row.update(model="finetuned", note=note)
+                else:
+                    try:
+                        a = adapt_head(
+                            raw[given],
+                            p.embedding[given],
+                            y[given],
+                            len(names),
+                            t0,
+                            protos,
+                            METHODS,
+                            settings.seed,
+                            settings.unlabelled,
+                        )
+                        lp = a.head.log_probabilities(raw[ev], p.embedding[ev])
+                        row.update(_scores(y[ev], lp.argmax(1), names), model=a.head.method)
+                        if arm == "adapt-suggested":
+                            head = a.head
+                    except AdaptError as exc:  # adapt refuses; the analyst keeps the base model
+                        row.update(base, model="base", note=f"adapt refused: {exc}")
+                        if arm == "adapt-suggested":
+                            head = None
+                rows.append(row)
+                if k and bar is not None:
+                    bar.update()
+    return rows, splits

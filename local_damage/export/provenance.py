@@ -1,0 +1,102 @@
+"""What a model file says about where it came from: training data and its licence, the run's
+validation figures and held-out test figures (metadata props ``training_data``, ``license``,
+``validation_metrics`` and ``test_metrics``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from local_damage.export.options import ExportError
+
+#: Attribution a model trained on xBD chips must carry, and its licence.
+XBD_CREDIT = "xBD (Gupta et al. 2019), CC BY-NC-SA 4.0"
+XBD_LICENSE = "CC BY-NC-SA 4.0"
+#: Event-name prefix of the synthetic xBD-format data of :mod:`data_prep.synthetic`.
+SYNTHETIC_EVENT_PREFIX = "synthetic-"
+
+
+def is_xbd_store(meta: Mapping[str, Any], events: Sequence[str]) -> bool:
+    """Whether chips came from real xBD tiles: an xBD-source store with a non-synthetic event."""
+    return meta.get("source") == "xbd" and any(
+        not str(e).startswith(SYNTHETIC_EVENT_PREFIX) for e in events
+    )
+
+
+def training_data_info(
+    meta: Mapping[str, Any], events: Sequence[str], chips: str | None, train_chips: int | None
+) -> tuple[dict[str, Any], str | None]:
+    """``(training_data, license)`` metadata of a model trained on a chip store.
+
+    Args:
+        meta: the store's ``store.json`` (``source`` is ``xbd`` or ``scene``).
+        events: the events of the training chips.
+        chips: the chip store path.
+        train_chips: number of training chips.
+
+    Returns:
+        The ``training_data`` dict (events, chips, source, train_chips, and ``credit`` for xBD)
+        and the licence the model must carry (``None`` when the data's terms are not known).
+    """
+    source = meta.get("source") or "unknown"
+    if source == "xbd" and not is_xbd_store(meta, events):
+        source = "synthetic xBD-format data (data_prep.synthetic)"
+    info: dict[str, Any] = {
+        "source": source,
+        "events": sorted(map(str, events)),
+        "chips": chips,
+        "train_chips": train_chips,
+    }
+    licence = None
+    if is_xbd_store(meta, events):
+        info["source"] = "xBD"
+        info["credit"] = XBD_CREDIT
+        licence = XBD_LICENSE
+    return info, licence
+
+
+def validation_metrics(summary: Mapping[str, Any], metrics: Sequence[Mapping[str, str]]) -> dict:
+    """Best validation macro-F1 and accuracy of a run, with its fold and epoch."""
+    best_epoch = summary.get("best_epoch")
+    accuracy = None
+    for row in metrics:
+        if str(row.get("epoch")) == str(best_epoch) and row.get("val_accuracy") not in (None, ""):
+            accuracy = float(row["val_accuracy"])
+    return {
+        "fold": summary.get("fold"),
+        "macro_f1": summary.get("best_val_macro_f1"),
+        "accuracy": accuracy,
+        "epoch": best_epoch,
+        "val_chips": summary.get("val_chips"),
+    }
+
+
+def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
+    """The headline figures of an ``evaluate`` metrics.json, for a model's metadata.
+
+    Raises:
+        ExportError: the file is missing, not JSON, or lacks accuracy / macro_f1.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ExportError(f"{path}: test metrics file not found") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ExportError(f"{path}: not a metrics.json of `local-damage evaluate` ({exc})") from exc
+    if not isinstance(data, dict) or "accuracy" not in data or "macro_f1" not in data:
+        raise ExportError(
+            f"{path}: no accuracy / macro_f1; expected `local-damage evaluate` output"
+        )
+    per_class = data.get("per_class") or {}
+    return {
+        "accuracy": data["accuracy"],
+        "macro_f1": data["macro_f1"],
+        "xview2_damage_f1": data.get("xview2_damage_f1"),
+        "f1": {name: v.get("f1") for name, v in per_class.items() if isinstance(v, dict)},
+        "n": data.get("n"),
+        "source": str(path),
+    }
