@@ -54,7 +54,7 @@ def synthetic_chips(
     from data_prep.store import read_manifest
     from data_prep.synthetic import make_xbd
     from data_prep.xbd import prepare_xbd
-    from local_damage.export.model import load_chips
+    from local_damage.export.parity import load_chips
 
     tiles = math.ceil(n / 9) + 1  # a 256 px tile holds 10-11 buildings
     with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
@@ -68,7 +68,7 @@ def synthetic_chips(
 def _eager(model, device: str) -> Callable[[np.ndarray, np.ndarray, int], np.ndarray]:
     import torch
 
-    from local_damage.export.model import uint8_model
+    from local_damage.export.graph import uint8_model
 
     wrapper = uint8_model(model.to(device).eval()).to(device)
 
@@ -85,7 +85,7 @@ def _eager(model, device: str) -> Callable[[np.ndarray, np.ndarray, int], np.nda
 
 
 def _onnx(path: Path, threads: int | None, providers: list[str]):
-    from local_damage.export.model import ort_outputs
+    from local_damage.export.parity import ort_outputs
     from runtime.contract import CPU_ONLY, open_session
 
     session = open_session(path, providers or CPU_ONLY, threads)[0]
@@ -137,14 +137,10 @@ def bench_infer(
     import torch
 
     from data_prep.store import read_manifest
-    from local_damage.export.model import (
-        chip_selection,
-        convert_fp16,
-        export_onnx,
-        load_chips,
-        load_run,
-        quantize_int8,
-    )
+    from local_damage.export.graph import export_onnx
+    from local_damage.export.parity import chip_selection, load_chips
+    from local_damage.export.quantize import convert_fp16, quantize_int8
+    from local_damage.export.run import load_run
     from local_damage.models import ModelConfig, build_model
 
     cuda = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
@@ -359,7 +355,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    from local_damage.export.model import ExportError
+    from local_damage.export.options import ExportError
 
     try:
         bench_infer(

@@ -17,9 +17,10 @@ from data_prep.spec import CLASS_NAMES
 def map_model(score_model, tmp_path_factory) -> Path:
     """The shared tiny run exported again with the latent change map as a third output."""
     from local_damage.export.model import export_run
+    from local_damage.export.options import ExportOptions
 
     out = tmp_path_factory.mktemp("map_model") / "tiny_map.onnx"
-    export_run(score_model.parent / "run", out, parity_limit=16, change_map=True)
+    export_run(score_model.parent / "run", out, ExportOptions(parity_limit=16, change_map=True))
     return out
 
 
@@ -238,7 +239,8 @@ def test_model_cache_refuses_bad_and_unoffered_models(score_model, tmp_path):
 def test_change_map_output_matches_pytorch(map_model, score_model):
     import torch
 
-    from local_damage.export.model import load_run, uint8_model
+    from local_damage.export.graph import uint8_model
+    from local_damage.export.run import load_run
     from runtime.predictor import Predictor
 
     p = Predictor(map_model)

@@ -86,7 +86,7 @@ def test_validation_geometry_is_that_of_the_kept_model(chips, tmp_path):
     # The last epoch's val_* geometry columns are the class-mean Gram of the validation chips'
     # embeddings under the weights that epoch ends with (kept as best.safetensors by "last").
     from data_prep.split import fold_indices
-    from local_damage.evaluation.scorers import TorchScorer
+    from local_damage.evaluation.torch_scorer import TorchScorer
     from local_damage.metrics import class_mean_gram, gram_summary, unit_rows
 
     run = tmp_path / "run"

@@ -29,12 +29,9 @@ from typing import Any
 import numpy as np
 
 from local_damage import __version__
-from local_damage.export.model import (
-    DEFAULT_OPSET,
-    SYNTHETIC_EVENT_PREFIX,
-    XBD_CREDIT,
-    quantize_int8,
-)
+from local_damage.export.options import DEFAULT_OPSET
+from local_damage.export.provenance import SYNTHETIC_EVENT_PREFIX, XBD_CREDIT
+from local_damage.export.quantize import quantize_int8
 from runtime.contract import (
     CPU_ONLY,
     FORMAT_VERSION,
