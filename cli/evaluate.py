@@ -73,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=("none", "flips", "d8"),
         default="none",
         help="test-time augmentation of an ONNX --model: average each pair's outputs over 4 "
-        "flips or the 8 turns and mirrors (default none; docs/results.md measures it)",
+        "flips or the 8 turns and mirrors (default none; docs/experiments/results.md measures it)",
     )
     p.add_argument(
         "--device", default="auto", help="PyTorch device for --run: auto (the run's), cpu, cuda[:N]"

@@ -43,18 +43,6 @@ from data_prep.report import Skipped
 if TYPE_CHECKING:
     import shapely
 
-# Grid and reproject_geometries are imported from here by callers too.
-__all__ = [
-    "Grid",
-    "Mosaic",
-    "Scene",
-    "SceneError",
-    "Tile",
-    "open_scene",
-    "open_tile",
-    "reproject_geometries",
-]
-
 
 class SceneError(LocalDamageError, ValueError):
     """An input that makes a scene or one of its tiles unusable.

@@ -39,30 +39,11 @@ from data_prep.xbd_resume import (
 )
 from data_prep.xbd_tiles import (
     Building,
-    XbdRootError,
     XbdTile,
     find_tiles,
     parse_buildings,
-    read_tile_image,
     read_tile_pair,
 )
-
-# The names of data_prep.xbd_tiles that callers import from here too.
-__all__ = [
-    "DECODE_COST_BYTES",
-    "Building",
-    "XbdRootError",
-    "XbdTile",
-    "cut_tile",
-    "cut_tile_rows",
-    "find_tiles",
-    "parse_buildings",
-    "prepare_xbd",
-    "read_tile_image",
-    "read_tile_pair",
-    "run_tiles",
-    "worker_setup",
-]
 
 _BUFFERS = threading.local()
 

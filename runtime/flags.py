@@ -33,6 +33,7 @@ import numpy as np
 
 from data_prep.quality import is_blank
 from data_prep.residual import residual_shift
+from runtime.contract import ModelError
 
 #: Every flag name, in the order they are written.
 FLAGS = ("blank", "cloud", "haze", "misaligned", "ood")
@@ -272,7 +273,7 @@ class OodCheck:
         """The check stored in a model's parsed metadata, or None when it has none.
 
         Raises:
-            ValueError: an ``ood`` prop without a ``[K, D]`` prototype list and a finite
+            ModelError: an ``ood`` prop without a ``[K, D]`` prototype list and a finite
                 threshold.
         """
         block = (metadata or {}).get(METADATA_KEY)
@@ -282,11 +283,11 @@ class OodCheck:
             protos = np.asarray(block["prototypes"], dtype=np.float64)
             threshold = float(block["threshold"])
         except (TypeError, KeyError, ValueError) as exc:
-            raise ValueError(
+            raise ModelError(
                 f"metadata {METADATA_KEY} must hold 'prototypes' [K, D] and a 'threshold' ({exc})"
             ) from exc
         if protos.ndim != 2 or protos.size == 0 or not math.isfinite(threshold):
-            raise ValueError(
+            raise ModelError(
                 f"metadata {METADATA_KEY} has prototypes of shape {protos.shape} and threshold "
                 f"{threshold}; expected [K, D] and a finite number"
             )

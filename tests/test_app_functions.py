@@ -129,7 +129,8 @@ def test_building_chips_xbd_and_scene(predictor, tile_result, synthetic_scene, t
 def test_corrections_xbd_feed_prepare(predictor, xbd_tile, tmp_path):
     from app.web.app import AppError, assess_tile, save_correction
     from data_prep.report import PrepareReport
-    from data_prep.xbd import parse_buildings, prepare_xbd
+    from data_prep.xbd import prepare_xbd
+    from data_prep.xbd_tiles import parse_buildings
 
     pre, post, label, _ = xbd_tile
     r = assess_tile(predictor, pre, post, label, tmp_path / "s")

@@ -33,7 +33,7 @@ def test_config_loads(path):
 
 
 def test_experiment_commands_parse_and_overrides_apply():
-    text = (REPO / "docs" / "experiments.md").read_text()
+    text = (REPO / "docs" / "experiments" / "paper-tables.md").read_text()
     commands = re.findall(r"^(local-damage (?:cv|train) .+)$", text, flags=re.M)
     assert len(commands) >= 28  # Table 2: 11 rows, 3: 2, 4: 6, 5: 8, plus one train
     parser = build_parser()

@@ -166,7 +166,7 @@ def test_detected_footprints_are_graded_as_given_ones(tmp_path, synthetic_xbd, s
         predict_given,
     )
     from data_prep.synthetic import tile_name
-    from data_prep.xbd import find_tiles
+    from data_prep.xbd_tiles import find_tiles
     from runtime.predictor import Predictor
 
     tile = next(t for t in find_tiles(synthetic_xbd)[0] if t.name == tile_name(0))

@@ -17,7 +17,8 @@ from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import ChipReader, read_manifest, read_meta
 from data_prep.synthetic import make_bad_xbd, make_xbd
 from data_prep.windows import ChipWindow, crop_boundless, resize_chip
-from data_prep.xbd import XbdRootError, find_tiles, prepare_xbd
+from data_prep.xbd import prepare_xbd
+from data_prep.xbd_tiles import XbdRootError, find_tiles
 from tests.conftest import shared_data
 
 SPEC = ChipSpec(chip_size=64, context=2.0, min_size=48)

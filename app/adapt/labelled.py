@@ -37,7 +37,7 @@ from data_prep.spec import ChipSpec
 from data_prep.split import fold_indices
 from data_prep.store import MANIFEST, ChipReader, read_manifest
 from data_prep.windows import chip_window, cut_pair
-from data_prep.xbd import parse_buildings, read_tile_pair
+from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 
 #: Manifest columns a chip store must have to give labelled chips.
 STORE_COLUMNS = ("chip_id", "event", "label", "pre_file", "post_file", "index")

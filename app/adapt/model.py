@@ -25,6 +25,7 @@ from app.adapt.fit import (
     adapt_head,
 )
 from data_prep.store import atomic_path
+from runtime.contract import set_metadata
 from runtime.head import METADATA_KEY
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +152,6 @@ def write_adapted(
     Raises:
         AdaptError: ``out`` does not end in .onnx.
     """
-    import json
 
     import onnx
 
@@ -160,12 +160,7 @@ def write_adapted(
         raise AdaptError(f"{out}: the model file name must end in .onnx")
     proto = onnx.load(str(base))
     props = {METADATA_KEY: dict(block), "calibration": calibration_after_adapt(block)}
-    keep = [(p.key, p.value) for p in proto.metadata_props if p.key not in props]
-    del proto.metadata_props[:]
-    for key, value in keep:
-        proto.metadata_props.add(key=key, value=value)
-    for key, value in props.items():
-        proto.metadata_props.add(key=key, value=json.dumps(value, default=str))
+    set_metadata(proto, props)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out, suffix=".onnx") as tmp:
         onnx.save(proto, str(tmp))

@@ -5,7 +5,7 @@ Two rankings, chosen by what the model knows of the event (:func:`suggestion_ord
 - **Before the model is adapted to the event** (no head fitted to its labels yet): a random
   draw (:func:`id_order` in the app). On an unseen event the base model is wrong about many buildings,
   and no ranking built on its grades, hesitation or embedding was measured to beat a random draw
-  for the first labels (docs/results.md, "How the ranking was chosen"); a random draw is also an
+  for the first labels (docs/experiments/fewshot.md, "How the ranking was chosen"); a random draw is also an
   unbiased sample of the event, which the adapted head's class balance needs.
 - **Once the model is adapted** (an ``adaptation`` head, :mod:`app.adapt.fit`): the buildings it
   hesitates over (:func:`rank_buildings` with :data:`ADAPTED_UNCERTAINTY`, weighted by
@@ -30,7 +30,7 @@ always come in the same order, and a building keeps its place as others are labe
   building already ranked or labelled, so near-duplicates of a pick sink and the ranking covers
   the event's kinds of buildings, the most common first.
 
-The leave-one-event-out report (``local-damage bench fewshot``, docs/results.md) measures the
+The leave-one-event-out report (``local-damage bench fewshot``, docs/experiments/fewshot.md) measures the
 ranking in the rounds an analyst works in: the first labels drawn with the base model, each later
 round ranked with the head adapted to the labels so far.
 """

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.scoring.outputs import OutputError, vector_format, write_vector
-from data_prep.mosaic import reproject_geometries
+from data_prep.grid import reproject_geometries
 from data_prep.quality import BLANK
 from data_prep.report import Skipped
 from runtime.flags import BLANK as BLANK_FLAG

@@ -42,7 +42,7 @@ from app.scoring.xbd import score_xbd
 from data_prep.imagery import ImageError, split_file_message
 from data_prep.mosaic import SceneError, open_scene
 from data_prep.store import atomic_path
-from data_prep.xbd import read_tile_pair
+from data_prep.xbd_tiles import read_tile_pair
 from runtime.contract import ModelError
 from runtime.localizer import detect_scene, load_localizer
 

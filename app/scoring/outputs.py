@@ -293,7 +293,7 @@ def mosaic_preview(mosaic, grid, width: int, height: int) -> np.ndarray:
 
     Args:
         mosaic: a :class:`data_prep.mosaic.Mosaic` (pre or post).
-        grid: the :class:`data_prep.mosaic.Grid` whose extent the preview covers.
+        grid: the :class:`data_prep.grid.Grid` whose extent the preview covers.
         width, height: preview size in pixels.
     """
     import rasterio

@@ -36,13 +36,14 @@ from app.scoring.common import (
     write_features,
 )
 from data_prep.alignment import align_images
+from data_prep.grid import Grid
 from data_prep.imagery import ImageError, split_file_message
-from data_prep.mosaic import Grid, SceneError
+from data_prep.mosaic import SceneError
 from data_prep.quality import blank_reason
 from data_prep.report import PrepareReport, Skipped
 from data_prep.residual import image_context_residual
 from data_prep.windows import chip_window, cut_pair
-from data_prep.xbd import parse_buildings, read_tile_pair
+from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -93,7 +94,7 @@ def score_xbd(
     than a pixel, corrected before chips are cut (:func:`data_prep.alignment.align_images`).
 
     Buildings come from the label's ``features.xy`` pixel polygons (parsed by
-    :func:`data_prep.xbd.parse_buildings`; damage subtypes, if any, are ignored and carried over
+    :func:`data_prep.xbd_tiles.parse_buildings`; damage subtypes, if any, are ignored and carried over
     as attributes). Chips are cut as ``prepare xbd`` cuts them (:func:`data_prep.windows.chip_window`,
     boundless crop, :func:`data_prep.windows.resize_chip`).
 

@@ -41,13 +41,13 @@ from data_prep.imagery import read_rgb
 from data_prep.mosaic import SceneError
 from data_prep.split import load_splits
 from data_prep.store import write_json
-from data_prep.xbd import find_tiles
+from data_prep.xbd_tiles import find_tiles
 from data_prep.xview2 import XView2Counts, xview2_targets
 from runtime.localizer import Localizer
 from runtime.predictor import Predictor
 
 if TYPE_CHECKING:
-    from data_prep.xbd import XbdTile
+    from data_prep.xbd_tiles import XbdTile
 
 METRICS_JSON = "metrics.json"
 #: Published (localisation F1, damage F1, overall) on the full xBD test set, for the table.

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 MODELS_FOLDER = "models"
 #: How many buildings Suggest ranks by default.
 SUGGEST_N = 10
-#: Below this many corrections the status warns that the gain is uncertain (docs/results.md:
+#: Below this many corrections the status warns that the gain is uncertain (docs/experiments/fewshot.md:
 #: on events a model had not seen, the gain from 5 or 10 labels varied widely between draws).
 FEW_LABELS = 20
 
@@ -176,7 +176,7 @@ class EventAdaptation:
         if labels["n"] < FEW_LABELS:
             lines.append(
                 f"- few corrections: on events a model had not seen, the gain from fewer than "
-                f"{FEW_LABELS} labels varied widely between draws of the labels (docs/results.md); "
+                f"{FEW_LABELS} labels varied widely between draws of the labels (docs/experiments/fewshot.md); "
                 "compare the figures above, correct more buildings (Suggest next) and Adapt again"
             )
         lines.append(

@@ -41,7 +41,7 @@ from data_prep.quality import BLANK, MAX_PIXELS_ENV, max_pixels
 from data_prep.report import PrepareReport
 from data_prep.store import atomic_path, safe_name
 from data_prep.windows import chip_window, cut_chip, resize_chip
-from data_prep.xbd import parse_buildings, read_tile_pair
+from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 from runtime.contract import ModelError
 from runtime.localizer import Localizer
 from runtime.registry import LOCALIZER_NAME, default_localizer

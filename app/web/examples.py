@@ -10,7 +10,7 @@ from data_prep.report import PrepareReport
 from data_prep.spec import ChipSpec
 from data_prep.synthetic import make_xbd, tile_name
 from data_prep.windows import chip_window, cut_chip
-from data_prep.xbd import parse_buildings, read_tile_image
+from data_prep.xbd_tiles import parse_buildings, read_tile_image
 
 
 def make_examples(folder: str | os.PathLike, seed: int = 0) -> dict[str, list[list[str]]]:
