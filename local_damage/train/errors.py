@@ -11,4 +11,5 @@ class TrainingError(LocalDamageError, ValueError):
 
 
 class RunFileNotFoundError(LocalDamageError, FileNotFoundError):
-    """A run folder, weights file or checkpoint that is not there (``--init``, ``--resume``)."""
+    """A run folder, weights file or checkpoint that is not there (``--init``, ``--resume``), or
+    the chip store a run was trained on."""
