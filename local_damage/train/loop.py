@@ -32,7 +32,7 @@ from local_damage.train import checkpoint as ckpt
 from local_damage.train.checkpoint import Standing
 from local_damage.train.config import Config
 from local_damage.train.curves import plot_curves
-from local_damage.train.device import autocast_context as autocast_context  # callers import it here
+from local_damage.train.device import autocast_context as autocast_context  # scorers use it
 from local_damage.train.device import resolve_device
 from local_damage.train.distributed import (
     DistInfo,
@@ -171,7 +171,7 @@ def train(
     """
     out = Path(out)
     device, dist_info = start_device(cfg)
-    main = dist_info.is_main
+    is_main = dist_info.is_main
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
     train_ids, val_ids = split_chip_ids(chips, fold, holdout, ids)
@@ -184,17 +184,17 @@ def train(
         start_epoch, standing = ckpt.resume_checkpoint(
             out, model, learner.optimizer, learner.scheduler
         )
-    elif main:
+    elif is_main:
         start_run_folder(out, cfg)
-    records = EpochRecords(out, cfg.train.epochs, progress) if main else None
+    records = EpochRecords(out, cfg.train.epochs, progress) if is_main else None
 
     for epoch in range(start_epoch, cfg.train.epochs):
-        row = train_epoch(learner, loaders.train, cfg, epoch, progress and main)
+        row = train_epoch(learner, loaders.train, cfg, epoch, progress and is_main)
         improved = True
-        if loaders.val is not None and main:
+        if loaders.val is not None and is_main:
             row.update(validate(model, loaders.val, device, cfg))
             improved = row["val_macro_f1"] > standing.best_score or cfg.train.keep == "last"
-        if main:
+        if is_main:
             if improved:
                 standing = Standing(row.get("val_macro_f1", float(epoch)), epoch, 0)
                 ckpt.save_weights(model, out / ckpt.BEST, metadata={"epoch": str(epoch)})
@@ -203,17 +203,17 @@ def train(
             ckpt.save_checkpoint(out, model, learner.optimizer, learner.scheduler, epoch, standing)
             records.add(row)
         if dist_info.enabled:  # every replica takes the same early-stopping decision
-            stale = torch.tensor([standing.stale if main else 0])
+            stale = torch.tensor([standing.stale if is_main else 0])
             standing.stale = int(all_reduce_sum(stale, dist_info).item())
         if loaders.val is not None and cfg.train.patience and standing.stale >= cfg.train.patience:
-            if progress and main:
+            if progress and is_main:
                 log.info(f"early stop: no better validation macro-F1 for {standing.stale} epochs")
             break
 
     summary = run_summary(cfg, chips, loaders, learner, standing, fold, holdout)
     if dist_info.enabled:  # replicas must hold identical weights; record the evidence
         summary["replica_checksums"] = replica_checksums(model, dist_info)
-    if main:
+    if is_main:
         write_json(out / SUMMARY, summary)
         plot_curves(out)
         records.close()
