@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from cli.options import add_report_args
+from data_prep.store import read_manifest
+from data_prep.synthetic import make_xbd
+from data_prep.xbd import prepare_xbd
+from local_damage.train.errors import RunFileNotFoundError
+from runtime.contract import CPU_ONLY, open_session
 
 DEFAULT_ENCODERS = ("resnet18", "resnet50")
 
@@ -51,9 +57,6 @@ def synthetic_chips(
     Returns:
         uint8 ``[M, S, S, 3]`` pre and post chips (``M >= n``) and their int labels ``[M]``.
     """
-    from data_prep.store import read_manifest
-    from data_prep.synthetic import make_xbd
-    from data_prep.xbd import prepare_xbd
     from local_damage.export.parity import load_chips
 
     tiles = math.ceil(n / 9) + 1  # a 256 px tile holds 10-11 buildings
@@ -86,7 +89,6 @@ def _eager(model, device: str) -> Callable[[np.ndarray, np.ndarray, int], np.nda
 
 def _onnx(path: Path, threads: int | None, providers: list[str]):
     from local_damage.export.parity import ort_outputs
-    from runtime.contract import CPU_ONLY, open_session
 
     session = open_session(path, providers or CPU_ONLY, threads)[0]
 
@@ -136,7 +138,6 @@ def bench_infer(
     import onnxruntime as ort
     import torch
 
-    from data_prep.store import read_manifest
     from local_damage.export.graph import export_onnx
     from local_damage.export.parity import chip_selection, load_chips
     from local_damage.export.quantize import convert_fp16, quantize_int8
@@ -152,7 +153,7 @@ def bench_infer(
         input_size = int(info.cfg.data.input_size)
         store = Path(str(info.summary.get("chips") or ""))
         if not (store / "manifest.csv").is_file():
-            raise FileNotFoundError(f"{run}: the run's chip store {store} is not available")
+            raise RunFileNotFoundError(f"{run}: the run's chip store {store} is not available")
         val_ids, _, calib_ids = chip_selection(store, info.summary.get("fold"), pairs, calibration)
         # validation chips first, then other chips of the store that calibration did not use
         taken = set(val_ids) | set(calib_ids)
@@ -351,27 +352,22 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=2, metavar="N", help="timed passes per row (2)")
     p.add_argument("--seed", type=int, default=0, help="seed of random weights and data (0)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON records")
+    add_report_args(p, json=False)
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    from local_damage.export.options import ExportError
-
-    try:
-        bench_infer(
-            encoders=args.encoders,
-            input_size=args.input_size,
-            batch_size=args.batch_size,
-            pairs=args.pairs,
-            run=args.run,
-            threads=args.threads,
-            int8_methods=args.int8,
-            calibration=args.calibration,
-            repeat=args.repeat,
-            seed=args.seed,
-            as_json=args.json,
-        )
-    except (ExportError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    bench_infer(
+        encoders=args.encoders,
+        input_size=args.input_size,
+        batch_size=args.batch_size,
+        pairs=args.pairs,
+        run=args.run,
+        threads=args.threads,
+        int8_methods=args.int8,
+        calibration=args.calibration,
+        repeat=args.repeat,
+        seed=args.seed,
+        as_json=args.json,
+    )
     return 0

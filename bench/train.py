@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cli.options import add_report_args
+
 if TYPE_CHECKING:
     import torch
 
@@ -545,6 +547,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of weights and batches (default 0)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON records")
+    add_report_args(p, json=False)
     p.set_defaults(func=run)
 
 

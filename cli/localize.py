@@ -1,8 +1,8 @@
 """`local-damage localize train|export|evaluate`: the building localiser's commands.
 
 A command group of its own rather than a ``train --task`` flag: the localiser learns from xBD
-tiles and label polygons (``--root``), not from a chip store (``--chips``), and its export and
-evaluation options differ from the damage model's.
+tiles and label polygons (``--xbd``, alias ``--root``), not from a chip store (``--chips``), and
+its export and evaluation options differ from the damage model's.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import argparse
 import json
 import sys
 
+from cli.options import add_model_args, add_output_args, add_report_args, add_xbd_args
+from local_damage.config import load_yaml
+from local_damage.localize.evaluate import evaluate_model, format_scores
+
 
 def _split_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--root",
-        required=True,
-        metavar="XBD",
-        help="xBD root: images/ and labels/ (or split folders)",
-    )
+    """``--xbd`` and the tile folds (``--folds``, ``--split-seed``, ``--splits``)."""
+    add_xbd_args(p, help="xBD root: images/ and labels/ (or split folders)")
     p.add_argument(
         "--folds",
         type=int,
@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--config", metavar="YAML", help="config (configs/localize.yaml); defaults when omitted"
     )
     _split_args(t)
-    t.add_argument("--out", required=True, metavar="RUN", help="run folder to write")
+    add_output_args(t, metavar="RUN", help="run folder to write")
     t.add_argument(
         "--fold",
         type=int,
@@ -72,8 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set train.epochs=4 --set data.scale=1.0 (repeatable)",
     )
-    t.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
-    t.set_defaults(func=_train)
+    add_report_args(t)
+    t.set_defaults(func=run_train)
 
     e = lsub.add_parser(
         "export",
@@ -81,10 +81,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Export a localiser run to ONNX (input `image` uint8 [N,H,W,3], output `building` float32 [N,H,W]) with its metadata, checked against PyTorch on a real tile.",
     )
     e.add_argument("--run", required=True, metavar="RUN", help="run folder of `localize train`")
-    e.add_argument("--out", required=True, metavar="ONNX", help="model file to write")
-    e.add_argument(
-        "--root", metavar="XBD", help="xBD root for the parity tile (default: the run's)"
-    )
+    add_output_args(e, metavar="ONNX", help="model file to write")
+    add_xbd_args(e, required=False, help="xBD root for the parity tile (default: the run's)")
     e.add_argument(
         "--quantize",
         choices=["int8"],
@@ -96,47 +94,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="held-out figures from `localize evaluate --out` to store in the model",
     )
     e.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
-    e.set_defaults(func=_export)
+    add_report_args(e, json=False)
+    e.set_defaults(func=run_export)
 
     v = lsub.add_parser(
         "evaluate",
         help="pixel precision / recall / F1 of an exported localiser on the tiles of a fold",
         description="Score an exported localiser on the tiles of one fold: building pixels predicted vs building pixels of the label polygons (xView2 localisation F1), counts pooled over the tiles.",
     )
-    v.add_argument("--model", required=True, metavar="ONNX", help="exported localiser")
+    add_model_args(v, required=True, help="exported localiser")
     _split_args(v)
     v.add_argument("--fold", type=int, required=True, metavar="K", help="fold to score")
     v.add_argument("--threads", type=int, metavar="N", help="ONNX Runtime intra-op threads")
-    v.add_argument("--out", metavar="JSON", help="write the figures here")
-    v.set_defaults(func=_evaluate)
+    add_output_args(v, required=False, metavar="JSON", help="write the figures here")
+    add_report_args(v)
+    v.set_defaults(func=run_evaluate)
 
 
-def _train(args: argparse.Namespace) -> int:
-    from local_damage.config import ConfigError, load_yaml
+def run_train(args: argparse.Namespace) -> int:
     from local_damage.localize.config import LocalizeConfig
-
-    try:
-        cfg = load_yaml(LocalizeConfig, args.config, args.set)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     from local_damage.localize.train import train_localizer
 
-    try:
-        summary = train_localizer(
-            cfg,
-            args.root,
-            args.out,
-            fold=args.fold,
-            holdout=args.holdout,
-            folds=args.folds,
-            split_seed=args.split_seed,
-            splits=args.splits,
-            progress=not args.quiet,
-        )
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_yaml(LocalizeConfig, args.config, args.set)
+    summary = train_localizer(
+        cfg,
+        args.xbd,
+        args.out,
+        fold=args.fold,
+        holdout=args.holdout,
+        folds=args.folds,
+        split_seed=args.split_seed,
+        splits=args.splits,
+        progress=not args.quiet,
+    )
     op = summary["operating_point"]
     shown = (
         f"validation pixel F1 {op['f1']:.4f} at threshold {op['threshold']}, "
@@ -145,49 +135,44 @@ def _train(args: argparse.Namespace) -> int:
         else "no validation fold: threshold 0.5"
     )
     print(f"{args.out}: {shown}; {summary['seconds_per_epoch']:.1f} s/epoch", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary, indent=2))
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace) -> int:
     from local_damage.localize.export import export_localizer
 
-    try:
-        report = export_localizer(
-            args.run,
-            args.out,
-            root=args.root,
-            quantize=args.quantize,
-            test_metrics=args.test_metrics,
-            opset=args.opset,
-        )
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    report = export_localizer(
+        args.run,
+        args.out,
+        root=args.xbd,
+        quantize=args.quantize,
+        test_metrics=args.test_metrics,
+        opset=args.opset,
+    )
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _evaluate(args: argparse.Namespace) -> int:
-    from local_damage.localize.evaluate import evaluate_model, format_scores
-
-    try:
-        result = evaluate_model(
-            args.model,
-            args.root,
-            args.fold,
-            folds=args.folds,
-            split_seed=args.split_seed,
-            splits=args.splits,
-            threads=args.threads,
-            out=args.out,
-        )
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for row in result["per_tile"]:
-        print(f"{row['tile']:<32} F1 {row['f1']:.4f}  {row['seconds']:.2f}s", file=sys.stderr)
+def run_evaluate(args: argparse.Namespace) -> int:
+    result = evaluate_model(
+        args.model,
+        args.xbd,
+        args.fold,
+        folds=args.folds,
+        split_seed=args.split_seed,
+        splits=args.splits,
+        threads=args.threads,
+        out=args.out,
+    )
+    if not args.quiet:
+        for row in result["per_tile"]:
+            print(f"{row['tile']:<32} F1 {row['f1']:.4f}  {row['seconds']:.2f}s", file=sys.stderr)
     print(
         f"fold {args.fold}: {format_scores(result)}; {result['seconds_per_tile']:.2f} s/tile",
         file=sys.stderr,
     )
+    if args.json:
+        print(json.dumps(result, indent=2))
     return 0

@@ -1,9 +1,14 @@
-"""`local-damage train`: parser and command (heavy imports happen only when it runs)."""
+"""`local-damage train`: parser and command (torch is imported only when it runs)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+from cli.options import add_chips_args, add_output_args, add_report_args
+from local_damage.config import load_yaml
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,14 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--config", metavar="YAML", help="training config (see configs/); defaults when omitted"
     )
-    p.add_argument("--chips", required=True, metavar="CHIPS", help="chip store folder")
-    p.add_argument("--out", required=True, metavar="RUN", help="run folder to write")
-    p.add_argument(
-        "--fold",
-        type=int,
-        metavar="K",
-        help="hold out fold K of CHIPS/splits.csv for validation (see `local-damage split`); without it every labelled chip is used for training",
+    add_chips_args(
+        p,
+        fold_help="hold out fold K of CHIPS/splits.csv for validation (see `local-damage split`); without it every labelled chip is used for training",
     )
+    add_output_args(p, metavar="RUN", help="run folder to write")
     p.add_argument(
         "--holdout",
         type=int,
@@ -44,15 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue RUN from its last checkpoint exactly"
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
+    add_report_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from local_damage.config import ConfigError, load_yaml
     from local_damage.train.config import Config
+    from local_damage.train.loop import train
 
     config_path = args.config
     if args.resume:
@@ -64,27 +64,17 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         config_path = saved
-    try:
-        cfg = load_yaml(Config, config_path, args.set)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from local_damage.train.loop import train
-
-    try:
-        summary = train(
-            cfg,
-            args.chips,
-            args.out,
-            fold=args.fold,
-            holdout=args.holdout,
-            init=args.init,
-            resume=args.resume,
-            progress=not args.quiet,
-        )
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_yaml(Config, config_path, args.set)
+    summary = train(
+        cfg,
+        args.chips,
+        args.out,
+        fold=args.fold,
+        holdout=args.holdout,
+        init=args.init,
+        resume=args.resume,
+        progress=not args.quiet,
+    )
     best = summary.get("best_val_macro_f1")
     shown = (
         f"best validation macro-F1 {best:.4f} at epoch {summary['best_epoch'] + 1}"
@@ -92,4 +82,6 @@ def run(args: argparse.Namespace) -> int:
         else f"trained {summary['best_epoch'] + 1} epoch(s) without validation"
     )
     print(f"{args.out}: {shown}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from data_prep.errors import LocalDamageError
+from data_prep.store import atomic_path
 
 T = TypeVar("T")
 
@@ -166,7 +167,5 @@ def load_yaml(cls: type[T], path: str | Path | None, overrides: Iterable[str] = 
 
 def save_yaml(cfg: Any, path: str | Path) -> None:
     """Write a config as YAML atomically."""
-    from data_prep.store import atomic_path
-
     with atomic_path(path, suffix=".yaml") as tmp:
         tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -27,7 +27,8 @@ from local_damage.evaluation.scorers import (
 from local_damage.models import build_model
 from local_damage.train import checkpoint as ckpt
 from local_damage.train.config import Config
-from local_damage.train.loop import autocast_context, model_config_for, resolve_device
+from local_damage.train.device import autocast_context, resolve_device
+from local_damage.train.loop import model_config_for
 
 
 class TorchScorer(Scorer):

@@ -21,6 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile, resize_image
+from local_damage.localize.errors import LocalizeError
+from runtime.contract import CPU_ONLY, open_session, read_metadata
+
 Model = Callable[[np.ndarray], np.ndarray]
 
 
@@ -39,8 +43,6 @@ def predict_probability(
         float32 ``[H, W]`` probabilities at the image's own resolution.
     """
     import cv2
-
-    from data_prep.masks import resize_image
 
     height, width = image.shape[:2]
     small = np.ascontiguousarray(resize_image(image, scale))
@@ -121,12 +123,12 @@ def onnx_model(path: str | os.PathLike, threads: int | None = None):
     """``(model function, metadata)`` of an exported localiser run by ONNX Runtime on the CPU."""
     import onnx
 
-    from runtime.contract import CPU_ONLY, open_session, read_metadata
-
     session = open_session(path, CPU_ONLY, threads)[0]
     meta = read_metadata(onnx.load(str(path), load_external_data=False))
     if meta.get("task") != "localize":
-        raise ValueError(f"{path}: not a localiser model (metadata task is {meta.get('task')!r})")
+        raise LocalizeError(
+            f"{path}: not a localiser model (metadata task is {meta.get('task')!r})"
+        )
 
     def run(batch: np.ndarray) -> np.ndarray:
         return session.run(["building"], {"image": batch})[0]
@@ -149,8 +151,6 @@ def evaluate_tiles(
         tiles: :class:`data_prep.masks.MaskTile` s (read at native resolution).
         scale, tile_size, threshold, min_area: the model's inference settings.
     """
-    from data_prep.masks import load_mask_tile
-
     counts = np.zeros(3, np.int64)
     per_tile, seconds = [], []
     for tile in tiles:
@@ -188,14 +188,12 @@ def evaluate_model(
         The figures of :func:`evaluate_tiles` plus the fold, split and model; also written to
         ``out`` as JSON when given.
     """
-    from data_prep.masks import find_mask_tiles, fold_map
-
     model, meta = onnx_model(model_path, threads=threads)
     tiles = find_mask_tiles(root)
     folds_of = fold_map(tiles, folds, split_seed, splits)
     chosen = [t for t in tiles if folds_of.get(t.name) == fold]
     if not chosen:
-        raise ValueError(
+        raise LocalizeError(
             f"{root}: no tile in fold {fold} (folds: {sorted(set(folds_of.values()))})"
         )
     result = evaluate_tiles(

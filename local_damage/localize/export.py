@@ -27,11 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from safetensors.torch import load_file
 
+from data_prep.masks import find_mask_tiles, load_mask_tile
 from local_damage import __version__
+from local_damage.config import load_yaml, to_dict
 from local_damage.export.options import DEFAULT_OPSET
 from local_damage.export.provenance import SYNTHETIC_EVENT_PREFIX, XBD_CREDIT
 from local_damage.export.quantize import quantize_int8
+from local_damage.localize.config import LocalizeConfig
+from local_damage.localize.errors import (
+    LocalizeError,
+    LocalizeFileNotFoundError,
+    LocalizerExportError,
+)
+from local_damage.localize.model import UInt8Localizer, build_unet, torch_model
+from local_damage.localize.train import BEST, SUMMARY
 from runtime.contract import (
     CPU_ONLY,
     FORMAT_VERSION,
@@ -53,20 +65,13 @@ def load_localize_run(run: str | os.PathLike):
     """``(config, summary, net)`` of a localiser run folder, the net with its best weights.
 
     Raises:
-        FileNotFoundError: the folder lacks config.yaml, summary.json or best.safetensors.
-        ValueError: the config or weights do not fit.
+        LocalizeFileNotFoundError: the folder lacks config.yaml, summary.json or best.safetensors.
+        LocalizeError: the weights do not fit the config (ConfigError: the config is not valid).
     """
-    from safetensors.torch import load_file
-
-    from local_damage.config import load_yaml
-    from local_damage.localize.config import LocalizeConfig
-    from local_damage.localize.model import build_unet
-    from local_damage.localize.train import BEST, SUMMARY
-
     run = Path(run)
     for name in ("config.yaml", SUMMARY, BEST):
         if not (run / name).is_file():
-            raise FileNotFoundError(
+            raise LocalizeFileNotFoundError(
                 f"{run / name}: missing; is {run} a finished `local-damage localize train` run?"
             )
     cfg = load_yaml(LocalizeConfig, run / "config.yaml")
@@ -76,7 +81,7 @@ def load_localize_run(run: str | os.PathLike):
     try:
         net.load_state_dict(load_file(str(run / BEST)))
     except RuntimeError as exc:
-        raise ValueError(f"{run}: weights do not fit config.yaml ({exc})") from exc
+        raise LocalizeError(f"{run}: weights do not fit config.yaml ({exc})") from exc
     return cfg, summary, net.eval()
 
 
@@ -86,9 +91,6 @@ def export_graph(
     """Write the fp32 uint8-in / probability-out graph of a U-Net with ``metadata`` props (with
     ``flip_tta``, the average over flips is part of the graph)."""
     import onnx
-    import torch
-
-    from local_damage.localize.model import UInt8Localizer
 
     wrapper = UInt8Localizer(net.cpu().eval(), flip_tta).eval()
     dummy = torch.randint(
@@ -147,7 +149,7 @@ def quantize_localizer(
             or ``"dynamic"`` (int8 weights, activation ranges at run time).
     """
     if method == "static" and not windows:
-        raise ValueError("static int8 quantization needs calibration windows")
+        raise LocalizeError("static int8 quantization needs calibration windows")
     return quantize_int8(
         src,
         dst,
@@ -158,11 +160,16 @@ def quantize_localizer(
 
 
 def _summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise LocalizeFileNotFoundError(str(exc)) from exc
+    except json.JSONDecodeError as exc:
+        raise LocalizeError(str(exc)) from exc
     keys = ("fold", "precision", "recall", "f1", "threshold", "min_area_px", "tiles", "split")
     missing = [k for k in ("fold", "precision", "recall", "f1") if k not in data]
     if missing:
-        raise ValueError(
+        raise LocalizeError(
             f"{path}: not a `localize evaluate --out` file (missing {', '.join(missing)})"
         )
     return {**{k: data.get(k) for k in keys}, "model": data.get("model"), "source": str(path)}
@@ -190,19 +197,17 @@ def export_localizer(
         opset: ONNX opset.
 
     Raises:
-        RuntimeError: the fp32 graph does not match PyTorch within :data:`PROB_TOLERANCE`.
+        LocalizerExportError: the fp32 graph does not match PyTorch within
+            :data:`PROB_TOLERANCE`.
+        LocalizeFileNotFoundError: none of the run's tiles is below ``root``.
     """
-    from data_prep.masks import find_mask_tiles, load_mask_tile
-    from local_damage.config import to_dict
-    from local_damage.localize.train import torch_model
-
     cfg, summary, net = load_localize_run(run)
     root = Path(root or summary["root"])
     scale, tile_size = float(cfg.data.scale), int(cfg.data.tile_size)
     tiles = {t.name: t for t in find_mask_tiles(root)}
     names = [n for n in summary.get("val_tiles", []) + summary["train_tiles"] if n in tiles]
     if not names:
-        raise FileNotFoundError(f"{root}: none of the run's tiles is there; pass --root")
+        raise LocalizeFileNotFoundError(f"{root}: none of the run's tiles is there; pass --root")
     image, _ = load_mask_tile(tiles[names[0]], scale)
     h, w = (min(tile_size, s) // 32 * 32 for s in image.shape[:2])
     window = np.ascontiguousarray(image[:h, :w])
@@ -274,7 +279,7 @@ def export_localizer(
             "tolerance": PROB_TOLERANCE,
         }
         if max(diffs) > PROB_TOLERANCE:
-            raise RuntimeError(
+            raise LocalizerExportError(
                 f"{run}: ONNX Runtime and PyTorch probabilities differ by {max(diffs):.2e} "
                 f"(> {PROB_TOLERANCE}) on tile {names[0]}; nothing written"
             )

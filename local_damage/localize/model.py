@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from local_damage.data import MEAN, STD
 from local_damage.localize.config import UnetConfig
+from local_damage.models.encoders import (
+    WeightsFileNotFoundError,
+    check_name,
+    load_encoder_weights,
+)
 
 
 def build_unet(cfg: UnetConfig) -> nn.Module:
@@ -22,22 +28,20 @@ def build_unet(cfg: UnetConfig) -> nn.Module:
         ``[N, 1, H, W]``.
 
     Raises:
-        ValueError: unknown encoder name (the message lists the valid ones).
-        FileNotFoundError: ``cfg.encoder_weights`` names a file that does not exist.
+        EncoderError: unknown encoder name (the message lists the valid ones).
+        WeightsFileNotFoundError: ``cfg.encoder_weights`` names a file that does not exist.
     """
     import segmentation_models_pytorch as smp
-
-    from local_damage.models.encoders import _check_name, load_encoder_weights
 
     path = None
     if cfg.encoder_weights:
         path = Path(cfg.encoder_weights)
         if not path.is_file():
-            raise FileNotFoundError(
+            raise WeightsFileNotFoundError(
                 f"model.encoder_weights: {path} not found; pass the path of a local encoder "
                 "weights file (.pth / .safetensors) or leave it empty for random initialisation"
             )
-    _check_name(cfg.encoder)
+    check_name(cfg.encoder)
     net = smp.Unet(
         cfg.encoder,
         encoder_weights=None,
@@ -92,3 +96,16 @@ def normalize(image: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(MEAN, dtype=torch.float32, device=image.device).view(1, 3, 1, 1)
     std = torch.tensor(STD, dtype=torch.float32, device=image.device).view(1, 3, 1, 1)
     return (image.permute(0, 3, 1, 2).float() - mean) / std
+
+
+def torch_model(net: nn.Module, flip_tta: bool = False):
+    """A :data:`~local_damage.localize.evaluate.Model` function over a PyTorch U-Net (eval mode):
+    uint8 ``[1, h, w, 3]`` in, building probability ``[1, h, w]`` out, averaged over flips with
+    ``flip_tta`` (as the exported graph does)."""
+
+    @torch.no_grad()
+    def run(batch: np.ndarray) -> np.ndarray:
+        net.eval()
+        return building_probability(net, normalize(torch.from_numpy(batch)), flip_tta).numpy()
+
+    return run

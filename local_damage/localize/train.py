@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -21,11 +22,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch.nn import functional as F
+from tqdm import tqdm
 
+from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile
 from local_damage.config import save_yaml, to_dict
 from local_damage.localize.config import LocalizeConfig
 from local_damage.localize.data import TileCrops
+from local_damage.localize.errors import LocalizeError
 from local_damage.localize.evaluate import (
     building_mask,
     choose_operating_point,
@@ -33,14 +38,18 @@ from local_damage.localize.evaluate import (
     predict_probability,
     scores,
 )
-from local_damage.localize.model import build_unet, building_probability, normalize
+from local_damage.localize.model import build_unet, normalize, torch_model
 from local_damage.train.checkpoint import save_weights
 from local_damage.train.loop import build_optimizer, seed_everything
+
+log = logging.getLogger(__name__)
 
 BEST = "best.safetensors"
 LAST = "last.safetensors"
 SUMMARY = "summary.json"
 METRICS_CSV = "metrics.csv"
+#: The columns of metrics.csv (validation columns stay empty in epochs without validation).
+FIELDS = ["epoch", "lr", "train_loss", "val_precision", "val_recall", "val_f1", "seconds"]
 
 
 def bce_dice_loss(
@@ -57,26 +66,14 @@ def bce_dice_loss(
     return bce_weight * bce + dice_weight * (1 - dice)
 
 
-def torch_model(net: torch.nn.Module, flip_tta: bool = False):
-    """A :data:`~local_damage.localize.evaluate.Model` function over a PyTorch U-Net (eval mode),
-    averaging over flips with ``flip_tta`` (as the exported graph does)."""
-
-    @torch.no_grad()
-    def run(batch: np.ndarray) -> np.ndarray:
-        net.eval()
-        return building_probability(net, normalize(torch.from_numpy(batch)), flip_tta).numpy()
-
-    return run
-
-
 def split_tiles(tiles, folds_of: dict[str, int], fold: int | None, holdout: int | None):
     """``(train, val)`` tiles: val is fold ``fold``; train every other tile outside ``holdout``."""
     if fold is not None and fold == holdout:
-        raise ValueError(f"fold {fold} cannot be both the validation and the held-out fold")
+        raise LocalizeError(f"fold {fold} cannot be both the validation and the held-out fold")
     known = sorted(set(folds_of.values()))
     for name, k in (("fold", fold), ("holdout", holdout)):
         if k is not None and k not in known:
-            raise ValueError(f"no {name} {k}; the folds are {', '.join(map(str, known))}")
+            raise LocalizeError(f"no {name} {k}; the folds are {', '.join(map(str, known))}")
     val = [t for t in tiles if fold is not None and folds_of.get(t.name) == fold]
     train = [
         t
@@ -84,6 +81,83 @@ def split_tiles(tiles, folds_of: dict[str, int], fold: int | None, holdout: int 
         if folds_of.get(t.name) not in {fold, holdout} or folds_of.get(t.name) is None
     ]
     return train, val
+
+
+def crop_loader(
+    cfg: LocalizeConfig, pairs: list[tuple[np.ndarray, np.ndarray]]
+) -> torch.utils.data.DataLoader:
+    """Shuffled batches of random crops of the training ``(image, mask)`` pairs, seeded."""
+    dataset = TileCrops(
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        cfg.data.crop_size,
+        cfg.data.crops_per_tile,
+        augment=cfg.data.augment,
+        seed=cfg.train.seed,
+    )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=cfg.train.batch_size,
+        shuffle=True,
+        drop_last=len(dataset) >= cfg.train.batch_size,
+        generator=torch.Generator().manual_seed(cfg.train.seed),
+    )
+
+
+def train_epoch(
+    net: torch.nn.Module,
+    loader: torch.utils.data.DataLoader,
+    optimizer: torch.optim.Optimizer,
+    cfg: LocalizeConfig,
+    epoch: int,
+    progress: bool,
+) -> float:
+    """One pass over the crops; returns the mean loss."""
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.amp == "bf16")
+    net.train()
+    losses = []
+    bar = tqdm(
+        loader,
+        desc=f"epoch {epoch + 1}/{cfg.train.epochs}",
+        disable=not progress,
+        leave=False,
+        unit="batch",
+    )
+    for image, mask in bar:
+        with autocast:
+            logits = net(normalize(image)).squeeze(1)
+        loss = bce_dice_loss(logits.float(), mask, cfg.loss.bce_weight, cfg.loss.dice_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{np.mean(losses):.4f}")
+    return float(np.mean(losses))
+
+
+def validate(
+    net: torch.nn.Module, val_pairs: list[tuple[np.ndarray, np.ndarray]], cfg: LocalizeConfig
+) -> tuple[list[np.ndarray], dict[str, float]]:
+    """Probabilities ``[H, W]`` of the validation tiles and their pooled pixel scores at 0.5."""
+    run = torch_model(net, cfg.model.flip_tta)
+    probs = [
+        predict_probability(run, image, cfg.data.scale, cfg.data.tile_size)
+        for image, _ in val_pairs
+    ]
+    counts = np.zeros(3, np.int64)
+    for prob, (_, mask) in zip(probs, val_pairs, strict=True):
+        counts += pixel_counts(building_mask(prob, 0.5), mask)
+    return probs, scores(*map(int, counts))
+
+
+def epoch_line(row: dict[str, Any], epochs: int) -> str:
+    """``epoch E/N: loss L  val F1@0.5 F  Ss`` (the F1 part with validation only)."""
+    shown = f"  val F1@0.5 {row['val_f1']:.4f}" if "val_f1" in row else ""
+    return (
+        f"epoch {row['epoch']}/{epochs}: loss {row['train_loss']:.4f}{shown}  {row['seconds']:.1f}s"
+    )
 
 
 def train_localizer(
@@ -110,15 +184,11 @@ def train_localizer(
         folds, split_seed: the tile split (that of ``local-damage split --folds 5 --seed 14`` by
             default).
         splits: take the folds from this chip store ``splits.csv`` instead.
-        progress: show a progress bar and per-epoch lines.
+        progress: show a progress bar and log one line per epoch.
 
     Returns:
         The run summary (also ``out/summary.json``).
     """
-    from tqdm import tqdm
-
-    from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile
-
     out = Path(out)
     seed_everything(cfg.train.seed, deterministic=False)
     if cfg.train.threads:
@@ -127,77 +197,33 @@ def train_localizer(
     folds_of = fold_map(tiles, folds, split_seed, splits)
     train_tiles, val_tiles = split_tiles(tiles, folds_of, fold, holdout)
     if not train_tiles:
-        raise ValueError(f"{root}: no training tiles left outside folds {fold} and {holdout}")
-    scale, tile_size = cfg.data.scale, cfg.data.tile_size
-    pairs = [load_mask_tile(t, scale) for t in train_tiles]
+        raise LocalizeError(f"{root}: no training tiles left outside folds {fold} and {holdout}")
+    pairs = [load_mask_tile(t, cfg.data.scale) for t in train_tiles]
     val_pairs = [load_mask_tile(t, 1.0) for t in val_tiles]
-    dataset = TileCrops(
-        [p[0] for p in pairs],
-        [p[1] for p in pairs],
-        cfg.data.crop_size,
-        cfg.data.crops_per_tile,
-        augment=cfg.data.augment,
-        seed=cfg.train.seed,
-    )
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=cfg.train.batch_size,
-        shuffle=True,
-        drop_last=len(dataset) >= cfg.train.batch_size,
-        generator=torch.Generator().manual_seed(cfg.train.seed),
-    )
+    loader = crop_loader(cfg, pairs)
     net = build_unet(cfg.model)
     optimizer, scheduler = build_optimizer(cfg, net)
     out.mkdir(parents=True, exist_ok=True)
     save_yaml(cfg, out / "config.yaml")
-    fields = ["epoch", "lr", "train_loss", "val_precision", "val_recall", "val_f1", "seconds"]
     with open(out / METRICS_CSV, "w", newline="") as fh:
-        csv.DictWriter(fh, fields).writeheader()
+        csv.DictWriter(fh, FIELDS).writeheader()
 
-    def validate() -> tuple[list[np.ndarray], dict[str, float]]:
-        run = torch_model(net, cfg.model.flip_tta)
-        probs = [predict_probability(run, image, scale, tile_size) for image, _ in val_pairs]
-        counts = np.zeros(3, np.int64)
-        for prob, (_, mask) in zip(probs, val_pairs, strict=True):
-            counts += pixel_counts(building_mask(prob, 0.5), mask)
-        return probs, scores(*map(int, counts))
-
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.amp == "bf16")
     best_f1, best_epoch, epoch_seconds = -1.0, -1, []
     for epoch in range(cfg.train.epochs):
-        net.train()
         t0 = time.perf_counter()
-        losses = []
-        bar = tqdm(
-            loader,
-            desc=f"epoch {epoch + 1}/{cfg.train.epochs}",
-            disable=not progress,
-            leave=False,
-            unit="batch",
-        )
-        for image, mask in bar:
-            with autocast:
-                logits = net(normalize(image)).squeeze(1)
-            loss = bce_dice_loss(logits.float(), mask, cfg.loss.bce_weight, cfg.loss.dice_weight)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.optim.grad_clip)
-            optimizer.step()
-            losses.append(float(loss.detach()))
-            bar.set_postfix(loss=f"{np.mean(losses):.4f}")
+        loss = train_epoch(net, loader, optimizer, cfg, epoch, progress)
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step()
         epoch_seconds.append(time.perf_counter() - t0)
         row: dict[str, Any] = {
             "epoch": epoch + 1,
             "lr": lr,
-            "train_loss": float(np.mean(losses)),
+            "train_loss": loss,
             "seconds": round(epoch_seconds[-1], 2),
         }
         last = epoch + 1 == cfg.train.epochs
         if val_pairs and ((epoch + 1) % cfg.train.val_every == 0 or last):
-            _, s = validate()
+            _, s = validate(net, val_pairs, cfg)
             row.update(val_precision=s["precision"], val_recall=s["recall"], val_f1=s["f1"])
             if cfg.train.keep == "best" and s["f1"] > best_f1:
                 best_f1, best_epoch = s["f1"], epoch
@@ -207,21 +233,14 @@ def train_localizer(
             save_weights(net, out / BEST)
             best_epoch = epoch
         with open(out / METRICS_CSV, "a", newline="") as fh:
-            csv.DictWriter(fh, fields).writerow(row)
+            csv.DictWriter(fh, FIELDS).writerow(row)
         if progress:
-            shown = f"  val F1@0.5 {row['val_f1']:.4f}" if "val_f1" in row else ""
-            print(
-                f"epoch {epoch + 1}/{cfg.train.epochs}: loss {row['train_loss']:.4f}{shown}"
-                f"  {row['seconds']:.1f}s",
-                flush=True,
-            )
-
-    from safetensors.torch import load_file
+            log.info(epoch_line(row, cfg.train.epochs))
 
     net.load_state_dict(load_file(str(out / BEST)))
     operating = {"threshold": 0.5, "min_area_px": 0, "chosen_on": None}
     if val_pairs:
-        probs, _ = validate()
+        probs, _ = validate(net, val_pairs, cfg)
         c = cfg.calibration
         point = choose_operating_point(probs, [m for _, m in val_pairs], c.thresholds, c.min_areas)
         operating = {**point, "chosen_on": {"fold": fold, "tiles": [t.name for t in val_tiles]}}

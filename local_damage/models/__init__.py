@@ -13,6 +13,8 @@ from local_damage.models.correlation import (
     resize_map,
 )
 from local_damage.models.encoders import (
+    EncoderError,
+    WeightsFileNotFoundError,
     WeightsReport,
     WeightsUnavailableError,
     build_encoder,
@@ -31,11 +33,13 @@ from local_damage.models.local_net import (
 
 __all__ = [
     "Correlation",
+    "EncoderError",
     "LatentCorrelation",
     "LocalInference",
     "LocalNet",
     "LocalOutput",
     "ModelConfig",
+    "WeightsFileNotFoundError",
     "WeightsReport",
     "WeightsUnavailableError",
     "build_encoder",

@@ -45,6 +45,14 @@ class WeightsUnavailableError(LocalDamageError, RuntimeError):
     """Hub weights were asked for but are neither cached nor downloadable from this machine."""
 
 
+class EncoderError(LocalDamageError, ValueError):
+    """An encoder name, hub weights name or weights file that cannot give the encoder asked for."""
+
+
+class WeightsFileNotFoundError(LocalDamageError, FileNotFoundError):
+    """An encoder weights file that is not there."""
+
+
 @dataclass
 class WeightsReport:
     """What happened when a state dict was loaded into an encoder.
@@ -69,12 +77,13 @@ def encoder_names() -> list[str]:
     return list(get_encoder_names())
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
+    """Refuse an encoder name that is neither an smp encoder nor ``tu-<timm model>``."""
     if name.startswith("tu-"):
         return
     names = encoder_names()
     if name not in names:
-        raise ValueError(
+        raise EncoderError(
             f"unknown encoder {name!r}; valid names are {names}, or 'tu-<model>' for any timm model"
         )
 
@@ -101,14 +110,14 @@ def build_encoder(
         and ``encoder.out_channels`` their channel counts.
 
     Raises:
-        ValueError: Unknown encoder name, unknown hub weights name, or a weights file that does
+        EncoderError: Unknown encoder name, unknown hub weights name, or a weights file that does
             not fit the encoder.
-        FileNotFoundError: ``weights`` looks like a path but no such file exists.
+        WeightsFileNotFoundError: ``weights`` looks like a path but no such file exists.
         WeightsUnavailableError: Hub weights are not cached and cannot be downloaded.
     """
     from segmentation_models_pytorch.encoders import get_encoder
 
-    _check_name(name)
+    check_name(name)
     if weights is not None and _looks_like_path(weights):
         encoder = _get_encoder(get_encoder, name, in_channels=in_channels)
         load_encoder_weights(encoder, weights)
@@ -122,7 +131,7 @@ def _get_encoder(get_encoder: Callable, name: str, **kwargs) -> nn.Module:
     try:
         return get_encoder(name, depth=ENCODER_DEPTH, **kwargs)
     except RuntimeError as err:  # timm: "Unknown model (...)"
-        raise ValueError(f"cannot build encoder {name!r}: {err}") from err
+        raise EncoderError(f"cannot build encoder {name!r}: {err}") from err
 
 
 def _looks_like_path(weights: str | os.PathLike) -> bool:
@@ -162,7 +171,7 @@ def _build_with_hub_weights(
             raise WeightsUnavailableError(_offline_message(what, err, hint)) from err
     available = encoders[name]["pretrained_settings"]
     if weights not in available:
-        raise ValueError(
+        raise EncoderError(
             f"no hub weights {weights!r} for encoder {name!r}; available: {sorted(available)}; "
             "or pass the path of a local weights file"
         )
@@ -172,7 +181,7 @@ def _build_with_hub_weights(
     encoder = _get_encoder(get_encoder, name)
     report = load_encoder_weights(encoder, path)
     if report.missing:
-        raise ValueError(f"hub weights {path} lack encoder keys {report.missing[:5]}")
+        raise EncoderError(f"hub weights {path} lack encoder keys {report.missing[:5]}")
     encoder.set_in_channels(in_channels, pretrained=True)
     return encoder
 
@@ -251,12 +260,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     Unwraps ``{"state_dict": ...}`` and ``{"model": ...}`` containers and keeps only tensors.
 
     Raises:
-        FileNotFoundError: No file at ``path``.
-        ValueError: Unknown suffix, unreadable file, or no tensors in it.
+        WeightsFileNotFoundError: No file at ``path``.
+        EncoderError: Unknown suffix, unreadable file, or no tensors in it.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"weights file {path} not found")
+        raise WeightsFileNotFoundError(f"weights file {path} not found")
     suffix = path.suffix.lower()
     try:
         if suffix in SAFETENSORS_SUFFIXES:
@@ -266,24 +275,24 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         elif suffix in TORCH_SUFFIXES:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise ValueError(
+            raise EncoderError(
                 f"weights file {path}: unknown suffix {suffix!r}; "
                 f"expected one of {TORCH_SUFFIXES + SAFETENSORS_SUFFIXES}"
             )
     except ValueError:
         raise
     except Exception as err:
-        raise ValueError(
+        raise EncoderError(
             f"weights file {path} cannot be read: {type(err).__name__}: {err}"
         ) from err
     for key in ("state_dict", "model"):
         if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
             obj = obj[key]
     if not isinstance(obj, Mapping):
-        raise ValueError(f"weights file {path} holds a {type(obj).__name__}, not a state dict")
+        raise EncoderError(f"weights file {path} holds a {type(obj).__name__}, not a state dict")
     tensors = {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not tensors:
-        raise ValueError(f"weights file {path} holds no tensors")
+        raise EncoderError(f"weights file {path} holds no tensors")
     return tensors
 
 
@@ -320,8 +329,8 @@ def load_encoder_weights(encoder: nn.Module, path: str | os.PathLike) -> Weights
         Which keys were loaded, missing and unexpected.
 
     Raises:
-        FileNotFoundError: No file at ``path``.
-        ValueError: Unreadable file, shapes that do not fit, or no key matching the encoder.
+        WeightsFileNotFoundError: No file at ``path``.
+        EncoderError: Unreadable file, shapes that do not fit, or no key matching the encoder.
     """
     path = Path(path)
     own = encoder.state_dict()
@@ -336,12 +345,12 @@ def load_encoder_weights(encoder: nn.Module, path: str | os.PathLike) -> Weights
         if v.shape != own[k].shape
     ]
     if bad_shapes:
-        raise ValueError(
+        raise EncoderError(
             f"weights file {path} does not fit encoder {type(encoder).__name__}: "
             f"{len(bad_shapes)} shape mismatches, e.g. {bad_shapes[:3]}"
         )
     if not matched:
-        raise ValueError(
+        raise EncoderError(
             f"weights file {path} matched no encoder key: file keys look like "
             f"{sorted(state)[:3]}, encoder keys like {sorted(own)[:3]}"
         )

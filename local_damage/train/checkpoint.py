@@ -12,7 +12,9 @@ Layout of ``RUN/``::
 
 from __future__ import annotations
 
+import ast
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 from data_prep.store import atomic_path
+from local_damage.train.errors import RunFileNotFoundError, TrainingError
 
 BEST = "best.safetensors"
 LAST_DIR = Path("checkpoints") / "last"
@@ -44,7 +47,7 @@ def load_weights(
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: weights file not found")
+        raise RunFileNotFoundError(f"{path}: weights file not found")
     state = load_file(str(path))
     result = model.load_state_dict(state, strict=strict)
     return list(result.missing_keys), list(result.unexpected_keys)
@@ -57,13 +60,13 @@ def resolve_weights(init: str | Path) -> Path:
         for candidate in (init / BEST, init / LAST_DIR / "model.safetensors"):
             if candidate.is_file():
                 return candidate
-        raise FileNotFoundError(
+        raise RunFileNotFoundError(
             f"{init}: no {BEST} or {LAST_DIR}/model.safetensors in this run folder"
         )
     if init.suffix != ".safetensors":
-        raise ValueError(f"{init}: expected a run folder or a .safetensors weights file")
+        raise TrainingError(f"{init}: expected a run folder or a .safetensors weights file")
     if not init.is_file():
-        raise FileNotFoundError(f"{init}: weights file not found")
+        raise RunFileNotFoundError(f"{init}: weights file not found")
     return init
 
 
@@ -86,8 +89,6 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import ast
-
     random.setstate(_to_tuple(ast.literal_eval(state["python"])))
     n = state["numpy"]
     keys = n["keys"].numpy().astype(np.uint32)
@@ -114,6 +115,55 @@ def load_training_state(run: str | Path, model: torch.nn.Module) -> dict[str, An
     """Load the last checkpoint of ``run`` into ``model``; return the saved state dict."""
     last = Path(run) / LAST_DIR
     if not (last / "state.pt").is_file():
-        raise FileNotFoundError(f"{last}: no checkpoint to resume from")
+        raise RunFileNotFoundError(f"{last}: no checkpoint to resume from")
     load_weights(model, last / "model.safetensors")
     return torch.load(last / "state.pt", map_location="cpu", weights_only=True)
+
+
+@dataclass
+class Standing:
+    """Where a run stands: its best epoch by validation macro-F1 (by epoch number without
+    validation) and the epochs since it improved, for early stopping."""
+
+    best_score: float = -1.0
+    best_epoch: int = -1
+    stale: int = 0
+
+
+def save_checkpoint(
+    run: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    epoch: int,
+    standing: Standing,
+) -> None:
+    """The last checkpoint after ``epoch``: weights, optimiser, schedule, RNG states, standing."""
+    save_training_state(
+        run,
+        model,
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "epoch": epoch,
+            "best_score": standing.best_score,
+            "best_epoch": standing.best_epoch,
+            "stale": standing.stale,
+        },
+    )
+
+
+def resume_checkpoint(
+    run: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> tuple[int, Standing]:
+    """Restore the last checkpoint of ``run`` (weights, optimiser, schedule and RNG states);
+    returns the epoch to continue from and the standing."""
+    state = load_training_state(run, model)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state["epoch"] + 1, Standing(state["best_score"], state["best_epoch"], state["stale"])

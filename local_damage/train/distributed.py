@@ -76,3 +76,11 @@ def all_reduce_sum(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
 def cleanup(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def replica_checksums(model: torch.nn.Module, info: DistInfo) -> list[float]:
+    """The sum of every parameter of ``model`` on each replica (identical replicas agree)."""
+    checksum = torch.tensor([float(sum(p.detach().double().sum() for p in model.parameters()))])
+    gathered = [torch.zeros(1, dtype=checksum.dtype) for _ in range(info.world_size)]
+    dist.all_gather(gathered, checksum)
+    return [float(g.item()) for g in gathered]
