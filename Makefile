@@ -85,14 +85,14 @@ default-model-heldout: default-chips
 ## model, trained on every fold but the calibration fold and exported int8 with those figures.
 ## About 75 minutes on 2 CPU cores.
 localizer: install
-	$(BIN)/local-damage localize train --config configs/localize.yaml --root $(XBD) \
+	$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
 		--split-seed $(HOLDOUT_SEED) --holdout $(HOLDOUT_FOLD) --fold $(CALIB_FOLD) \
 		--out $(LOCALIZER)/heldout --quiet
 	$(BIN)/local-damage localize export --run $(LOCALIZER)/heldout \
 		--out $(LOCALIZER)/heldout/model.onnx --quantize int8
-	$(BIN)/local-damage localize evaluate --model $(LOCALIZER)/heldout/model.onnx --root $(XBD) \
+	$(BIN)/local-damage localize evaluate --model $(LOCALIZER)/heldout/model.onnx --xbd $(XBD) \
 		--split-seed $(HOLDOUT_SEED) --fold $(HOLDOUT_FOLD) --out $(LOCALIZER)/heldout/test.json
-	$(BIN)/local-damage localize train --config configs/localize.yaml --root $(XBD) \
+	$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
 		--split-seed $(HOLDOUT_SEED) --fold $(CALIB_FOLD) --out $(LOCALIZER)/run --quiet
 	$(BIN)/local-damage localize export --run $(LOCALIZER)/run --out models/localizer.onnx \
 		--quantize int8 --test-metrics $(LOCALIZER)/heldout/test.json

@@ -25,11 +25,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.scoring.batch import read_scene_list, score_batch
+from app.scoring.common import ScoreOptions
+from data_prep.engine import EngineError, open_client
+from data_prep.mosaic import SceneError
+from data_prep.synthetic_scene import make_scene
+from runtime.contract import ModelError
+from runtime.predictor import Predictor
+from runtime.registry import default_model
+
 
 def synthetic_batch(root: str | os.PathLike, scenes: int, seed: int = 0) -> Path:
     """A folder of ``scenes`` scene folders (``s000``, ...) sharing one seeded synthetic scene's
     files through symbolic links; returns the folder (a `score-batch --scenes` input)."""
-    from data_prep.synthetic_scene import make_scene
 
     root = Path(root)
     scene = make_scene(root / "source", seed=seed)
@@ -72,10 +80,6 @@ def bench_score(
         "rows": [{"workers", "where", "startup_s", "seconds", "scenes_per_s",
         "buildings_per_s", "scenes_ratio", "buildings_ratio", "failed"}]}``.
     """
-    from app.scoring.batch import score_batch
-    from app.scoring.common import ScoreOptions
-    from data_prep.engine import open_client
-    from runtime.predictor import Predictor
 
     scenes = list(scenes)
     if not scenes:
@@ -191,12 +195,6 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.scoring.batch import read_scene_list
-    from data_prep.engine import EngineError
-    from data_prep.mosaic import SceneError
-    from runtime.contract import ModelError
-    from runtime.registry import default_model
-
     try:
         model = args.model if args.model is not None else default_model()
         with tempfile.TemporaryDirectory(prefix="bench-score-scenes-") as tmp:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
+from data_prep.engine import SCHEDULER_ENV
+from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV, max_pixels
+from data_prep.spec import ChipSpec
+
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
-    from data_prep.spec import ChipSpec
-
     d = ChipSpec()
     parser.add_argument(
         "--chip-size",
@@ -57,7 +60,6 @@ def _pixel_count(text: str) -> int:
 
 def align_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--align`` (shared by `prepare scene`, `score` and `score-batch`)."""
-    from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
 
     parser.add_argument(
         "--align",
@@ -72,7 +74,6 @@ def align_argument(parser: argparse.ArgumentParser) -> None:
 
 def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = None) -> None:
     """Add ``--max-pixels`` (shared by `prepare`, `score`, `score-batch` and `app`)."""
-    from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV
 
     parser.add_argument(
         "--max-pixels",
@@ -85,7 +86,6 @@ def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = N
 
 def resolve_max_pixels(args: argparse.Namespace) -> int | None:
     """The pixel limit of a command, or None after printing why the environment's is unusable."""
-    from data_prep.quality import max_pixels
 
     try:
         return max_pixels(args.max_pixels)
@@ -96,7 +96,6 @@ def resolve_max_pixels(args: argparse.Namespace) -> int | None:
 
 def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
     """``--workers`` and ``--scheduler`` (:mod:`data_prep.engine`); ``jobs`` names the unit."""
-    from data_prep.engine import SCHEDULER_ENV
 
     parser.add_argument(
         "--workers",

@@ -26,10 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.errors import LocalDamageError
 from data_prep.imagery import read_rgb
 from data_prep.report import PrepareReport
 from data_prep.split import stratified_group_folds
 from data_prep.xbd_tiles import find_tiles, parse_buildings
+
+
+class MaskError(LocalDamageError, ValueError):
+    """xBD tiles that cannot give the localiser its building masks; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ def find_mask_tiles(root: str | os.PathLike | Sequence[str | os.PathLike]) -> li
 
     Raises:
         XbdRootError: the root does not exist or holds no xBD tiles.
-        ValueError: no tile has both a pre image and a label file.
+        MaskError: no tile has both a pre image and a label file.
     """
     tiles, _ = find_tiles(root)
     out = []
@@ -69,7 +74,7 @@ def find_mask_tiles(root: str | os.PathLike | Sequence[str | os.PathLike]) -> li
             continue
         out.append(MaskTile(t.name, t.event, Path(t.pre), label, t.label))
     if not out:
-        raise ValueError(
+        raise MaskError(
             f"{root}: no tile has both a pre image (images/<tile>_pre_disaster.png) and a label "
             "file (labels/<tile>_pre_disaster.json or _post_disaster.json)"
         )
@@ -80,7 +85,7 @@ def building_polygons(label: str | os.PathLike) -> list:
     """Shapely polygons (pixel coordinates) of every building of an xBD label file.
 
     Raises:
-        ValueError: naming the file, when it is not an xBD label file.
+        MaskError: naming the file, when it is not an xBD label file.
     """
     import shapely
 
@@ -89,7 +94,7 @@ def building_polygons(label: str | os.PathLike) -> list:
         data = json.loads(path.read_bytes())
         xy = data["features"]["xy"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not an xBD label file with features.xy ({exc})") from exc
+        raise MaskError(f"{path}: not an xBD label file with features.xy ({exc})") from exc
     wkts = [
         f.get("wkt")
         for f in xy
@@ -190,7 +195,7 @@ def tile_folds(tiles: Sequence[MaskTile], folds: int = 5, seed: int = 14) -> dic
             labels.append(b.label)
             groups.append(t.name)
     if len(set(groups)) < folds:
-        raise ValueError(
+        raise MaskError(
             f"{folds} folds need at least {folds} tiles with labelled buildings, "
             f"got {len(set(groups))}"
         )

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  {args.tiles} tile pair(s) of {args.size}x{args.size} px in {root / 'images'}, labels in {root / 'labels'}"
     )
     print("  buildings per subtype: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    print(f"next: local-damage prepare xbd --root {root} --out {Path(args.out) / 'chips'}")
+    print(f"next: local-damage prepare xbd --xbd {root} --out {Path(args.out) / 'chips'}")
     return 0
 
 
