@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from bench.flags import fold_records, shift_chip
+from cli.options import add_report_args
 from data_prep.alignment import align_images
 from data_prep.residual import (
     CONTEXT_SIDE,
@@ -339,6 +340,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the shift directions")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_report_args(p, json=False)
     p.set_defaults(func=run)
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from cli.options import add_report_args
 from data_prep.split import fold_indices
 from data_prep.store import ChipReader, StoreError, read_manifest
 from runtime.contract import ModelError
@@ -273,6 +274,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the corruptions (default 0)")
     p.add_argument("--limit", type=int, metavar="N", help="use at most N pairs of the fold")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_report_args(p, json=False)
     p.set_defaults(func=run)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from app.scoring.batch import read_scene_list, score_batch
 from app.scoring.common import ScoreOptions
+from cli.options import add_report_args
 from data_prep.engine import EngineError, open_client
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_scene
@@ -191,6 +192,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="timed batches (default 1)")
     p.add_argument("--raster", action="store_true", help="also write class rasters")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_report_args(p, json=False)
     p.set_defaults(func=run)
 
 

@@ -24,7 +24,7 @@ from cli.options import (
 from data_prep.report import PrepareReport
 from data_prep.scene_store import prepare_scene
 from data_prep.spec import ChipSpec
-from data_prep.split import make_splits
+from data_prep.split import fold_counts, make_splits
 from data_prep.xbd import prepare_xbd
 
 
@@ -89,6 +89,8 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
 
 def _run_split(args: argparse.Namespace) -> int:
     path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
+    if args.json:
+        print(json.dumps(fold_counts(args.chips), indent=2))
     if not args.quiet:
         print(f"wrote {path}", file=sys.stderr)
     return 0
@@ -195,7 +197,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="group by tile (k-fold) or by event (leave-one-event-out)",
     )
     split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    add_report_args(split, json=False)
+    add_report_args(split)
     split.set_defaults(func=_run_split)
 
 

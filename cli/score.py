@@ -255,6 +255,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     print(f"example scene: {result.scene}", file=sys.stderr)
     print(f"the same with `score`: {result.command}", file=sys.stderr)
     print(SYNTHETIC_NOTE, file=sys.stderr)
+    if args.json:
+        payload = {**result.report.to_dict(), "example_scene": str(result.scene)}
+        print(json.dumps({**payload, "command": result.command}, indent=2))
     return 0 if result.report.scored else 1
 
 
@@ -411,7 +414,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument(
         "--out", default="work/demo", metavar="DIR", help="output folder (default work/demo)"
     )
-    add_report_args(demo, json=False)
+    add_report_args(demo)
     demo.add_argument(
         "--detect",
         action="store_true",

@@ -159,6 +159,29 @@ def split_summary(splits, manifest) -> str:
     return "\n".join(lines)
 
 
+def fold_counts(chips: str | os.PathLike) -> list[dict]:
+    """Per fold of ``CHIPS/splits.csv``: its number, tiles, chips and chips per class name
+    (``unlabelled`` for chips without a label), as :func:`split_summary` tabulates them."""
+    merged = load_splits(chips).merge(
+        read_manifest(chips)[["chip_id", "label"]], on="chip_id", how="left"
+    )
+    out = []
+    for k, part in merged.groupby("fold"):
+        per_class = {n: int((part["label"] == c).sum()) for c, n in enumerate(CLASS_NAMES)}
+        if (part["label"] < 0).any():
+            per_class["unlabelled"] = int((part["label"] < 0).sum())
+        out.append(
+            {
+                "fold": int(k),
+                "tiles": int(part["tile"].nunique()),
+                "chips": len(part),
+                "per_class": per_class,
+                "events": sorted(part["event"].unique()),
+            }
+        )
+    return out
+
+
 def make_splits(
     chips: str | os.PathLike,
     folds: int = 5,

@@ -124,3 +124,18 @@ def test_bundled_default_model_serves_the_app_examples(tmp_path):
         chip = assess_chip(predictor, pre, post)
         assert sum(chip.probabilities.values()) == pytest.approx(1.0, abs=1e-4)
         assert chip.change_map is not None and np.isfinite(chip.change_map).all()
+
+
+def test_demo_json_reports_what_it_wrote(tmp_path, score_model, capsys):
+    import json
+
+    import geopandas as gpd
+
+    out = tmp_path / "demo"
+    assert run_cli("demo", "--model", score_model, "--out", out, "--quiet", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    frame = gpd.read_file(out / "buildings.geojson")
+    assert report["buildings"] == len(frame)
+    assert report["scored"] == int((frame["status"] == "scored").sum())
+    assert report["example_scene"] == str(out / "scene")
+    assert report["command"].startswith("local-damage score --model")

@@ -226,3 +226,19 @@ def test_assign_folds_keeps_manifest_order(store):
     folds = assign_folds(manifest, folds=3, seed=0)
     assert list(folds["chip_id"]) == list(manifest["chip_id"])
     assert isinstance(folds, pd.DataFrame)
+
+
+def test_split_json_counts_what_splits_csv_holds(store, capsys):
+    import json
+
+    from cli.main import main
+
+    assert main(["split", str(store), "--folds", "3", "--seed", "1", "--json", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    got = {f["fold"]: f for f in json.loads(out)}
+    merged = load_splits(store).merge(read_manifest(store)[["chip_id", "label"]], on="chip_id")
+    assert sorted(got) == sorted(merged["fold"].unique())
+    for fold, part in merged.groupby("fold"):
+        assert got[fold]["chips"] == len(part) and got[fold]["tiles"] == part["tile"].nunique()
+        assert sum(got[fold]["per_class"].values()) == len(part)
+    assert err == ""  # --quiet: no summary, no "wrote"
