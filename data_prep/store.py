@@ -194,6 +194,7 @@ def read_manifest(root: str | os.PathLike):
 
     Raises:
         StoreNotFoundError: the store has no manifest.
+        StoreError: the manifest cannot be read as one (a damaged or foreign file).
     """
     import pandas as pd
 
@@ -202,19 +203,38 @@ def read_manifest(root: str | os.PathLike):
         raise StoreNotFoundError(
             f"{path}: no manifest; run `local-damage prepare` to create a chip store"
         )
-    df = pd.read_csv(
-        path,
-        dtype={"chip_id": str, "event": str, "tile": str, "uid": str, "label_name": str},
-        keep_default_na=False,
-        na_values={"lon": [""], "lat": [""]},
-    )
-    df["label"] = df["label"].astype(int)
+    try:
+        df = pd.read_csv(
+            path,
+            dtype={"chip_id": str, "event": str, "tile": str, "uid": str, "label_name": str},
+            keep_default_na=False,
+            na_values={"lon": [""], "lat": [""]},
+        )
+        df["label"] = df["label"].astype(int)
+    except (ValueError, KeyError, UnicodeDecodeError) as exc:  # pandas' parser errors included
+        raise StoreError(
+            f"{path}: not a readable chip-store manifest ({type(exc).__name__}: {exc}); "
+            "run `local-damage prepare` again into a new folder"
+        ) from exc
     return df
 
 
 def read_meta(root: str | os.PathLike) -> dict:
+    """``store.json`` of a chip store (its chip spec and options); empty when there is none.
+
+    Raises:
+        StoreError: the file is not JSON (a damaged or foreign file).
+    """
     path = Path(root) / STORE_META
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StoreError(
+            f"{path}: not a readable chip-store description ({exc}); run `local-damage prepare` "
+            "again into a new folder"
+        ) from exc
 
 
 class ChipReader:

@@ -202,3 +202,17 @@ def test_atomic_path_permissions_survive_a_writer_that_replaces_the_file(tmp_pat
     mask = os.umask(0)
     os.umask(mask)
     assert (target.stat().st_mode & 0o777) == (0o666 & ~mask)
+
+
+def test_a_damaged_manifest_or_description_is_a_clear_error(tmp_path, capsys):
+    from cli.main import main
+    from data_prep.store import MANIFEST, STORE_META, StoreError, read_manifest, read_meta
+
+    (tmp_path / MANIFEST).write_text("chip_id,label\na,not-a-number\n")
+    with pytest.raises(StoreError, match="not a readable chip-store manifest"):
+        read_manifest(tmp_path)
+    (tmp_path / STORE_META).write_text("{ not json")
+    with pytest.raises(StoreError, match="not a readable chip-store description"):
+        read_meta(tmp_path)
+    assert main(["split", str(tmp_path)]) == 2
+    assert "not a readable chip-store manifest" in capsys.readouterr().err
