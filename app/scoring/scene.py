@@ -48,10 +48,12 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    record_order,
     report_counts,
     to_crs,
     write_features,
 )
+from app.scoring.order import check_order
 from data_prep.alignment import align_scene
 from data_prep.footprints import load_footprints
 from data_prep.mosaic import open_scene
@@ -121,7 +123,9 @@ def score_scene(
     Before any chip is cut, the post-to-pre shift of the scene is measured and, when it is
     confident and longer than a pixel, corrected (:func:`data_prep.alignment.align_scene`); the
     report and the output metadata (GeoPackage layer metadata / GeoJSON collection member
-    ``local_damage_alignment``) record it.
+    ``local_damage_alignment``) record it. After grading, the order of pre and post is checked
+    (:func:`app.scoring.order.check_order`); when they look exchanged the report warns and the
+    output metadata (``local_damage_order``) records it, and the grades stay as given.
 
     Args:
         predictor: the loaded ONNX model (its chip spec decides how chips are cut).
@@ -192,6 +196,10 @@ def score_scene(
         batcher.flush()
         report.skipped.extend(scene.all_skipped())
         report_counts(report, scores)
+        order = check_order(
+            pre, post, predictor, batcher.sample, scores.class_id, options.batch_size
+        )
+        record_order(report, order)
 
         with all_or_nothing(report):
             _scene_outputs(

@@ -31,10 +31,12 @@ from app.scoring.common import (
     bounded_gdal_cache,
     check_outputs,
     image_georef,
+    record_order,
     report_counts,
     to_crs,
     write_features,
 )
+from app.scoring.order import check_order
 from data_prep.alignment import align_images
 from data_prep.grid import Grid
 from data_prep.imagery import ImageError, split_file_message
@@ -92,6 +94,8 @@ def score_xbd(
 
     The post image's shift against the pre image is measured and, when confident and longer
     than a pixel, corrected before chips are cut (:func:`data_prep.alignment.align_images`).
+    After grading, the order of pre and post is checked as in scene mode
+    (:func:`app.scoring.order.check_order`).
 
     Buildings come from the label's ``features.xy`` pixel polygons (parsed by
     :func:`data_prep.xbd_tiles.parse_buildings`; damage subtypes, if any, are ignored and carried over
@@ -207,6 +211,10 @@ def score_xbd(
         batcher.add(row, pre_chip, post_chip, shift)
     batcher.flush()
     report_counts(report, scores)
+    order = check_order(
+        [pre], [post], predictor, batcher.sample, scores.class_id, options.batch_size
+    )
+    record_order(report, order)
 
     with bounded_gdal_cache(), all_or_nothing(report):
         pixel = np.empty(n, dtype=object)
