@@ -108,6 +108,7 @@ class ScoreReport:
             (:meth:`data_prep.alignment.SceneShift.to_dict`).
         detected: buildings found by the localiser when no footprints were given (None when
             footprints were given; :mod:`app.scoring.detect`).
+        notes: lines the summary gives first (e.g. a label file without buildings).
         order: the check of whether pre and post look exchanged
             (:meth:`app.scoring.order.OrderCheck.to_dict`); ``order_warning`` its warning line,
             empty when the order looks right.
@@ -124,6 +125,7 @@ class ScoreReport:
     alignment: dict | None = None
     alignment_text: str = ""
     detected: int | None = None
+    notes: list[str] = field(default_factory=list)
     order: dict | None = None
     order_warning: str = ""
 
@@ -150,6 +152,7 @@ class ScoreReport:
             "alignment": self.alignment,
             "detected": self.detected,
             "order": self.order,
+            "notes": list(self.notes),
         }
 
     def summary(self) -> str:
@@ -159,6 +162,7 @@ class ScoreReport:
             f"{self.scored / self.seconds if self.seconds > 0 else 0.0:.1f} scored/s)",
             "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
         ]
+        lines[1:1] = self.notes
         if self.detected is not None:
             lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
         if self.order_warning:

@@ -280,6 +280,7 @@ def score_scene_detected(
             name=name or scene_name(pre[0]),
             source=DETECTED,
             options=options,
+            building_item=f"{', '.join(map(str, pre))}: detected building",
         )
     report.detected, report.seconds = found, time.perf_counter() - start
     return report
@@ -326,6 +327,7 @@ def score_xbd_detected(
             name=name,
             source=DETECTED,
             options=options,
+            building_item=f"{pre}: detected building",
         )
     report.detected, report.seconds = found, time.perf_counter() - start
     return report

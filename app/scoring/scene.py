@@ -117,6 +117,7 @@ def score_scene(
     name: str | None = None,
     source: str = "given",
     options: ScoreOptions | None = None,
+    building_item: str | None = None,
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
 
@@ -142,6 +143,8 @@ def score_scene(
         options: batch size, block size (memory grows with its square, not with the scene),
             pixel limit per internal block and read window, alignment and progress bar
             (default :class:`~app.scoring.common.ScoreOptions`).
+        building_item: how the report names a building before its uid (default
+            ``<buildings> feature``); detection names the imagery, not its temporary file.
 
     Returns:
         The report (per-class counts, not covered, skipped, outputs, time, alignment).
@@ -170,11 +173,14 @@ def score_scene(
         reasons = {s.item: s.reason for s in footprints.skipped}
         kept = np.zeros(n, dtype=bool)
         kept[footprints.rows] = True
+        named = building_item or f"{footprints.path} feature"
         for row in np.flatnonzero(~kept):
-            item = f"{footprints.path} feature {table.uids[row]}"
-            reason = reasons.get(item, "not a usable building polygon")
+            uid = table.uids[row]
+            reason = reasons.get(
+                f"{footprints.path} feature {uid}", "not a usable building polygon"
+            )
             scores.status[row] = f"{SKIPPED}: {reason}"
-            report.skipped.append(Skipped(item, reason))
+            report.skipped.append(Skipped(f"{named} {uid}", reason))
 
         batcher = Batcher(predictor, scores, options.batch_size)
         for b in iter_building_chips(
@@ -190,7 +196,7 @@ def score_scene(
                 scores.status[row] = NOT_COVERED
             elif b.status == CUT_SKIPPED:
                 scores.skip(row, b.reason)
-                report.skipped.append(Skipped(f"{footprints.path} feature {b.uid}", b.reason))
+                report.skipped.append(Skipped(f"{named} {b.uid}", b.reason))
             else:
                 batcher.add(row, b.pre, b.post, b.context_px)
         batcher.flush()
