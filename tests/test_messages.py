@@ -89,6 +89,18 @@ def test_detected_buildings_are_named_by_the_users_image(tmp_path, xbd_pair):
         assert "local-damage-detected" not in str(s)
 
 
+@pytest.mark.realdata
+def test_geojson_of_detected_pixel_buildings_names_the_image(tmp_path, xbd_pair, capsys):
+    """A JPEG pair without footprints and a GeoJSON output: the error names the user's image
+    (it has no georeferencing), before any detection, not a temporary label file."""
+    pre, post = xbd_pair(tmp_path)
+    out = tmp_path / "out.geojson"
+    assert run_cli("score", "--pre", pre, "--post", post, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {pre}: is not georeferenced") and "out.gpkg" in err
+    assert "local-damage-detected" not in err and not out.exists()
+
+
 @pytest.fixture
 def xbd_pair():
     """A real xBD pre/post pair as JPEG and PNG, the post's left columns blanked."""

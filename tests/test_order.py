@@ -103,7 +103,7 @@ def test_swapped_dates_warn_everywhere(tmp_path, dated_scene, score_model, capsy
     assert "warning: pre and post look exchanged" in captured.err
     assert "IMAGERY:ACQUISITIONDATETIME 2011-05-20" in captured.err
     member = json.loads(out.read_text())["local_damage_order"]
-    assert member["reversed"] is True and "taken before" in member["warning"]
+    assert member == report["order"] and "taken before" in member["warning"]
 
     gpkg = tmp_path / "swapped.gpkg"
     assert run_cli(*argv, "--model", score_model, "--out", gpkg, "--quiet") == 0
@@ -136,6 +136,27 @@ def test_app_status_warns(tmp_path, dated_scene, score_model):
     assert "**Warning**: pre and post look exchanged" in swapped.summary()
     right = assess_tile(predictor, pre[0], post[0], buildings, tmp_path / "r")
     assert right.warning == "" and "Warning" not in right.summary()
+
+
+def test_batch_summary_warns(tmp_path, dated_scene, score_model, capsys):
+    """score-batch: the swapped scene's line in the summary, its report in summary.json."""
+    pre, post, buildings = dated_scene
+    for name, a, b in (("right", pre, post), ("swapped", post, pre)):
+        folder = tmp_path / "scenes" / name
+        for sub, paths in (("pre", a), ("post", b)):
+            (folder / sub).mkdir(parents=True)
+            for p in paths:
+                (folder / sub / p.name).symlink_to(p)
+        (folder / "footprints.geojson").symlink_to(buildings)
+    out = tmp_path / "out"
+    argv = ["score-batch", "--scenes", tmp_path / "scenes", "--model", score_model]
+    assert run_cli(*argv, "--out", out, "--workers", "1", "--quiet") == 0
+    err = capsys.readouterr().err
+    assert "warning: scene swapped: pre and post look exchanged: the post imagery" in err
+    assert "scene right:" not in err
+    scenes = {s["name"]: s for s in json.loads((out / "summary.json").read_text())["scenes"]}
+    assert scenes["swapped"]["report"]["order"]["reversed"] is True
+    assert scenes["right"]["report"]["order"]["warning"] == ""
 
 
 def test_undated_synthetic_scene_is_graded_both_ways(tmp_path, synthetic_scene, score_model):

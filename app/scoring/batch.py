@@ -310,11 +310,9 @@ class BatchReport:
                 "buildings per class: " + ", ".join(f"{k} {v}" for k, v in per_class.items())
             )
         for s in self.scenes:
-            warning = (s.get("report") or {}).get("order") or {}
-            if warning.get("reversed"):
-                lines.append(
-                    f"warning: scene {s['name']}: pre and post look exchanged (its report)"
-                )
+            order = (s.get("report") or {}).get("order") or {}
+            if order.get("reversed"):
+                lines.append(f"warning: scene {s['name']}: {order.get('warning', '')}")
         failed = [s for s in self.scenes if s["status"] == "failed"]
         if failed or self.problems:
             lines.append(f"problems ({len(failed) + len(self.problems)}):")

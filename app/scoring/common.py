@@ -370,13 +370,8 @@ def _model_metadata(predictor: Predictor, report: ScoreReport | None = None) -> 
     if report is not None and report.alignment is not None:
         out[ALIGNMENT_KEY] = json.dumps(report.alignment, sort_keys=True)
     if report is not None and report.order_warning:
-        out[ORDER_KEY] = json.dumps(_order_member(report), sort_keys=True)
+        out[ORDER_KEY] = json.dumps(report.order, sort_keys=True)
     return out
-
-
-def _order_member(report: ScoreReport) -> dict:
-    """The order check as output metadata: its warning and figures."""
-    return {"warning": report.order_warning.removeprefix("warning: "), **(report.order or {})}
 
 
 def _members(report: ScoreReport) -> dict | None:
@@ -385,7 +380,7 @@ def _members(report: ScoreReport) -> dict | None:
     if report.alignment is not None:
         members[ALIGNMENT_KEY] = report.alignment
     if report.order_warning:
-        members[ORDER_KEY] = _order_member(report)
+        members[ORDER_KEY] = report.order
     return members or None
 
 

@@ -306,11 +306,18 @@ def score_xbd_detected(
 
     Raises:
         OutputError: an output path with an unusable suffix (checked before any work).
-        SceneError: no localiser available, an unusable image, or no building found.
+        SceneError: no localiser available, a GeoJSON output for a pre image without
+            georeferencing (checked before any work), an unusable image, or no building found.
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    check_outputs(out, raster, overlay)
+    if check_outputs(out, raster, overlay) == "geojson" and image_georef(pre)[0] is None:
+        raise SceneError(
+            pre,
+            "is not georeferenced, so the buildings detected on it cannot be placed in "
+            f"longitude/latitude for GeoJSON; write {Path(out).with_suffix('.gpkg').name} "
+            "instead (pixel coordinates)",
+        )
     localizer = require_localizer(localizer, "--labels")
     name = name or scene_name(pre)
     with temporary_folder() as tmp:

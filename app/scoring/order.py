@@ -280,6 +280,7 @@ class OrderCheck:
         return {
             "method": self.method,
             "reversed": self.reversed,
+            "warning": self.warning().removeprefix("warning: "),
             "dates": self.dates.to_dict(),
             "grades": None if self.grades is None else self.grades.to_dict(),
         }
