@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 
@@ -235,6 +236,7 @@ def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
                 file=sys.stderr,
             )
         return
-    print(",".join(COLUMNS))
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(COLUMNS)
     for r in rows:
-        print(",".join(str(getattr(r, c)) for c in COLUMNS))
+        writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in COLUMNS])

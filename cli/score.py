@@ -34,6 +34,16 @@ from runtime.registry import default_localizer, default_model, default_models_di
 BATCH_SIZE = 32
 #: Default side, in grid pixels, of the blocks whose buildings share one read.
 BLOCK_SIZE = 1024
+#: How to open the app from elsewhere, printed when it starts (in place of Gradio's own hint).
+REACH_HINT = (
+    "to open it from other machines: --host 0.0.0.0 (add --username and --password-env), or "
+    "--share for a temporary public link"
+)
+#: Printed when the app starts with --share.
+SHARING_NOTE = (
+    "--share: asking Gradio's share server for a temporary public link (needs internet); anyone "
+    "with the link can use the app and see what is uploaded, so add --username and --password-env"
+)
 
 
 def _positive(text: str) -> int:
@@ -161,7 +171,7 @@ def _run_score(args: argparse.Namespace) -> int:
     print(report.summary(), file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
-    return 0 if report.scored else 1
+    return 0 if report.scored or not report.buildings else 1
 
 
 @contextmanager
@@ -234,6 +244,7 @@ def _run_app(args: argparse.Namespace) -> int:
             return 2
         auth = (args.username, password)
     print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
+    print(SHARING_NOTE if args.share else REACH_HINT, file=sys.stderr)
     launch(
         models_dir,
         args.model,
@@ -242,6 +253,7 @@ def _run_app(args: argparse.Namespace) -> int:
         auth=auth,
         work_dir=args.work,
         max_pixels=args.max_pixels,
+        share=args.share,
     )
     return 0
 
@@ -364,8 +376,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "the tile's event and Suggest what to correct next) and chip mode (one chip pair -> "
             "class probabilities and a heatmap of where the model saw change). The same "
             "functions are HTTP API endpoints `assess_tile` and `assess_chip` (gradio_client); "
-            "see docs/app.md. Binds to 127.0.0.1 unless --host says otherwise; never makes a "
-            "public share link."
+            "see docs/app.md. Binds to 127.0.0.1 unless --host says otherwise; makes a public "
+            "share link only with --share."
         ),
     )
     add_model_args(
@@ -383,6 +395,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="interface to bind (default 127.0.0.1, this machine only; 0.0.0.0 for all)",
     )
     web.add_argument("--port", type=_positive, default=7860, help="TCP port (default 7860)")
+    web.add_argument(
+        "--share",
+        action="store_true",
+        help="also serve the app on a temporary public https link through Gradio's share server "
+        "(needs internet; anyone with the link can use it: add --username/--password-env)",
+    )
     web.add_argument("--username", help="require this username (with --password-env)")
     web.add_argument(
         "--password-env",

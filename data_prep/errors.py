@@ -10,7 +10,33 @@ project), so every package can raise it.
 
 from __future__ import annotations
 
+import glob
+import os
+
 
 class LocalDamageError(Exception):
     """A problem with the user's input, files, model or environment (not a bug); the message
     says which input and what to do."""
+
+
+#: Characters of a shell filename pattern.
+PATTERN_CHARS = "*?["
+
+
+def not_found(path: str | os.PathLike, what: str = "file not found") -> str:
+    """``what``, with a hint when ``path`` is a shell filename pattern that reached the command
+    as it is: one that matched no file (the shell passes an unmatched pattern on unexpanded) or
+    one that was quoted (then it names the files it would match)."""
+    text = str(path)
+    if not any(c in text for c in PATTERN_CHARS):
+        return what
+    matches = sorted(glob.glob(os.path.expanduser(text)))
+    if not matches:
+        return (
+            f"{what}: {text!r} is a filename pattern that matched no file, so the shell passed "
+            "it on as it is; check the folder and the pattern (ls it)"
+        )
+    return (
+        f"{what}: {text!r} is a filename pattern the shell did not expand (quoted?); it matches "
+        f"{len(matches)} file(s), e.g. {matches[0]}: leave it unquoted"
+    )

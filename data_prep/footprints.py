@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from data_prep.errors import not_found
 from data_prep.grid import reproject_geometries
 from data_prep.mosaic import SceneError
 from data_prep.report import Skipped
@@ -92,7 +93,7 @@ def load_footprints(
 
     path = str(path)
     if not os.path.exists(path):
-        raise SceneError(path, "footprint file not found")
+        raise SceneError(path, not_found(path, "footprint file not found"))
     try:
         meta, fids, wkb, values = read(path, layer=layer, force_2d=True, return_fids=True)
     except (DataSourceError, DataLayerError, RuntimeError, ValueError) as exc:
@@ -156,6 +157,9 @@ def load_footprints(
         polygons.append(geom)
     if not keep:
         raise SceneError(path, f"none of its {total} feature(s) is a usable building polygon")
+    keep, labels, polygons = _in_lonlat_range(
+        path, meta["crs"], keep, labels, polygons, uids, skipped
+    )
 
     projected = reproject_geometries(np.array(polygons, dtype=object), meta["crs"], crs)
     bounds = shapely.bounds(projected)
@@ -184,6 +188,63 @@ def load_footprints(
         total=total,
         label_field=label_field,
         skipped=skipped,
+    )
+
+
+def _in_lonlat_range(path, source_crs, keep, labels, polygons, uids, skipped):
+    """Keep the polygons whose coordinates can be longitude/latitude when the file's CRS is
+    geographic; the others are skipped with the reason.
+
+    Raises:
+        SceneError: none can be: coordinates in metres read as degrees (a GeoJSON without a
+            ``crs`` member is CRS84), naming the file, its bounds and what to do.
+    """
+    import shapely
+    from pyproj import CRS
+    from pyproj.exceptions import CRSError
+
+    try:
+        geographic = CRS.from_user_input(source_crs).is_geographic
+    except CRSError:
+        return keep, labels, polygons
+    if not geographic:
+        return keep, labels, polygons
+    bounds = shapely.bounds(np.array(polygons, dtype=object))
+    ok = (
+        (bounds[:, 0] >= -180)
+        & (bounds[:, 2] <= 180)
+        & (bounds[:, 1] >= -90)
+        & (bounds[:, 3] <= 90)
+    )
+    if ok.all():
+        return keep, labels, polygons
+    if not ok.any():
+        x0, y0 = bounds[:, 0].min(), bounds[:, 1].min()
+        x1, y1 = bounds[:, 2].max(), bounds[:, 3].max()
+        geojson = str(path).lower().endswith((".geojson", ".json"))
+        raise SceneError(
+            path,
+            f"its coordinates span x {x0:.1f} to {x1:.1f}, y {y0:.1f} to {y1:.1f}, outside "
+            f"longitude/latitude, but its CRS is {_crs_name(source_crs)}"
+            + (" (a GeoJSON without a crs member is read as longitude/latitude, CRS84)"
+               if geojson else "")
+            + "; they look like projected coordinates (metres). Declare their CRS (in GeoJSON a "
+            'crs member: "crs": {"type": "name", "properties": {"name": '
+            '"urn:ogc:def:crs:EPSG::<code>"}}), convert the file to EPSG:4326 (ogr2ogr -s_srs '
+            "EPSG:<code> -t_srs EPSG:4326 out.geojson in.geojson), or use a GeoPackage, which "
+            "records its CRS",
+        )  # fmt: skip
+    for j in np.flatnonzero(~ok):
+        skipped.append(
+            Skipped(
+                f"{path} feature {uids[keep[j]]}",
+                "coordinates outside longitude/latitude, the range of the file's CRS",
+            )
+        )
+    return (
+        [k for k, good in zip(keep, ok, strict=True) if good],
+        [v for v, good in zip(labels, ok, strict=True) if good],
+        [g for g, good in zip(polygons, ok, strict=True) if good],
     )
 
 

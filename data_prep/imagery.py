@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 
 from data_prep import radiometry
-from data_prep.errors import LocalDamageError
+from data_prep.errors import LocalDamageError, not_found
 from data_prep.quality import max_pixels as pixel_limit
 from data_prep.quality import pixel_limit_problem
 from data_prep.radiometry import Scaling
@@ -152,7 +152,7 @@ def decode(path: str | os.PathLike, max_pixels: int | None = None) -> Decoded:
 
     limit = pixel_limit(max_pixels)
     if not os.path.exists(path):
-        raise ImageError(f"{path}: file not found")
+        raise ImageError(f"{path}: {not_found(path)}")
     check_png_complete(path)
     try:
         with warnings.catch_warnings():

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from data_prep import radiometry
-from data_prep.errors import LocalDamageError
+from data_prep.errors import LocalDamageError, not_found
 from data_prep.grid import Grid, affine_geometries, pre_grid, reproject_geometries
 from data_prep.imagery import ImageError, check_png_complete
 from data_prep.quality import max_pixels as pixel_limit
@@ -154,7 +154,7 @@ def open_tile(path: str | os.PathLike, max_pixels: int | None = None) -> Tile:
     path = str(path)
     limit = pixel_limit(max_pixels)
     if not os.path.exists(path):
-        raise SceneError(path, "file not found")
+        raise SceneError(path, not_found(path))
     try:
         check_png_complete(path)
     except ImageError as exc:

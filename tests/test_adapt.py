@@ -325,7 +325,7 @@ def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_p
     tile_all = from_session(result.session, predictor.spec, predictor.class_names)
     assert len(tile_all) == sum(r["status"] == "scored" for r in result.rows)
     assert sorted(tile_all.labels[tile_all.labels >= 0].tolist()) == [0, 3, 3]
-    picks = [r.id for r in suggest(predictor, tile_all, 4)]
+    picks = [r.key for r in suggest(predictor, tile_all, 4)]
     assert len(set(picks)) == 4 and not set(picks) & set(fixed.ids)
 
     # the command: an assessment without corrections is reported and left out
@@ -588,12 +588,12 @@ def test_adapt_and_suggest_on_a_georeferenced_scene(base, synthetic_scene, tmp_p
         k: v for k, v in s.per_class.items() if v
     }
     assert block["labels"]["events"] == {"test-event": s.covered}
-    # without --label-field every building is a candidate; ids are <event>:<uid>
+    # without --label-field every building is a candidate; ids are the footprints' own uids
     assert run_cli("adapt", "--model", out, *scene, "--suggest", "4") == 0
     printed = capsys.readouterr().out
     ranked = pd.read_csv(io.StringIO(printed), dtype={"id": str})
     assert len(ranked) == 4 and ranked["id"].is_unique
-    assert {i.split(":", 1)[1] for i in ranked["id"]} <= set(s.covered_uids)
+    assert set(ranked["id"]) <= set(s.covered_uids)
 
 
 def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene, tmp_path):

@@ -164,6 +164,42 @@ def test_resume_rescores_only_missing_outputs(tmp_path, synthetic_scene, score_m
     assert sorted(p.name for p in finals(out, ".tif")) == ["a.tif", "b.tif", "c.tif"]
 
 
+def _scene_counts(report: dict) -> tuple:
+    return report["buildings"], report["scored"], report["per_class"], report["not_covered"]
+
+
+@pytest.mark.parametrize("earlier_summary", [True, False], ids=["from-summary", "from-outputs"])
+def test_resumed_summary_covers_scenes_done_before(
+    tmp_path, synthetic_scene, score_model, earlier_summary
+):
+    """A resumed summary counts every scene: those done before keep their report (from the
+    earlier summary, or read back from their outputs when there is none)."""
+    scenes = tmp_path / "scenes"
+    for name in ("a", "b"):
+        scene_folder(scenes, name, synthetic_scene)
+    out = tmp_path / "out"
+    argv = ["score-batch", "--scenes", scenes, "--model", score_model, "--out", out, "--quiet"]
+    assert run_cli(*argv, "--format", "gpkg") == 0
+    first = json.loads((out / "summary.json").read_text())
+    reports = {e["name"]: e["report"] for e in first["scenes"]}
+    (out / "b.gpkg").unlink()
+    if not earlier_summary:
+        (out / "summary.json").unlink()
+    assert run_cli(*argv, "--format", "gpkg", "--resume") == 0
+    resumed = json.loads((out / "summary.json").read_text())
+    by_name = {e["name"]: e for e in resumed["scenes"]}
+    assert by_name["a"]["status"] == "done"
+    assert by_name["a"]["report_from"] == ("summary" if earlier_summary else "outputs")
+    assert _scene_counts(by_name["a"]["report"]) == _scene_counts(reports["a"])
+    assert by_name["a"]["report"]["alignment"] == reports["a"]["alignment"]
+    assert resumed["totals"]["buildings"] == first["totals"]["buildings"] == 2 * 40
+    # resuming once more, with nothing left to score, still counts both scenes
+    assert run_cli(*argv, "--format", "gpkg", "--resume") == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["totals"]["buildings"] == 80
+    assert again["totals"]["done_before"] == 2
+
+
 def _wait_for(pred, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

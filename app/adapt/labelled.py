@@ -21,12 +21,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from app.scoring.common import bounded_gdal_cache
 from data_prep.alignment import align_images, align_scene
-from data_prep.errors import LocalDamageError
+from data_prep.errors import LocalDamageError, not_found
 from data_prep.footprints import load_footprints
 from data_prep.imagery import ImageError
 from data_prep.mosaic import SceneError, open_scene
@@ -47,6 +48,17 @@ class LabelError(LocalDamageError, ValueError):
     """Labelled buildings that cannot be used; the message names the file and the problem."""
 
 
+class BuildingRef(NamedTuple):
+    """A building as its user knows it: the file it comes from, its own id there (the
+    footprints' ``uid`` attribute when unique, else the feature id; an xBD label's ``uid``; a
+    chip store's ``chip_id``) and its row (the position among the file's features, which is
+    also the row of the scored output; None for a chip store)."""
+
+    file: str
+    id: str
+    row: int | None
+
+
 @dataclass
 class Buildings:
     """``N`` buildings: ids, events, labels (-1 unlabelled) and their uint8 chip pairs.
@@ -57,6 +69,7 @@ class Buildings:
         labels: int64 ``[N]`` class ids, -1 when unlabelled.
         pre, post: uint8 ``[N, S, S, 3]`` chips.
         sources: one line per input read.
+        refs: each building as its user knows it (:class:`BuildingRef`); empty: its id only.
     """
 
     ids: list[str]
@@ -65,6 +78,7 @@ class Buildings:
     pre: np.ndarray
     post: np.ndarray
     sources: list[str] = field(default_factory=list)
+    refs: list[BuildingRef] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -72,6 +86,10 @@ class Buildings:
     @property
     def labelled(self) -> np.ndarray:
         return self.labels >= 0
+
+    def ref(self, i: int) -> BuildingRef:
+        """Building ``i`` as its user knows it."""
+        return self.refs[i] if self.refs else BuildingRef("", self.ids[i], None)
 
     def subset(self, mask: np.ndarray) -> Buildings:
         idx = np.flatnonzero(mask)
@@ -82,6 +100,7 @@ class Buildings:
             self.pre[idx],
             self.post[idx],
             list(self.sources),
+            [self.ref(i) for i in idx],
         )
 
     def counts(self, class_names: Sequence[str]) -> dict[str, object]:
@@ -109,6 +128,7 @@ def concat(parts: Sequence[Buildings], size: int) -> Buildings:
         np.concatenate([p.pre for p in parts]),
         np.concatenate([p.post for p in parts]),
         [s for p in parts for s in p.sources],
+        [p.ref(i) for p in parts for i in range(len(p))],
     )
 
 
@@ -203,6 +223,7 @@ def from_chip_store(
         _stack([p[0] for p in pairs], size),
         _stack([p[1] for p in pairs], size),
         [f"chip store {what}: {len(records)} buildings"],
+        [BuildingRef(str(root), str(r["chip_id"]), None) for r in records],
     )
 
 
@@ -241,7 +262,7 @@ def from_scene(
     """
     path = Path(buildings)
     event = event or path.stem
-    ids, labels, pres, posts = [], [], [], []
+    ids, labels, pres, posts, refs = [], [], [], [], []
     try:
         with bounded_gdal_cache(), open_scene(list(pre), list(post), max_pixels) as scene:
             fp = load_footprints(path, scene.grid.crs, label_field=label_field)
@@ -261,6 +282,7 @@ def from_scene(
             for b in iter_building_chips(scene, fp, spec, progress=False):
                 if b.status == CHIP:
                     ids.append(f"{event}:{b.uid}")
+                    refs.append(BuildingRef(str(path), b.uid, int(fp.rows[b.index])))
                     labels.append(b.label)
                     pres.append(b.pre)
                     posts.append(b.post)
@@ -274,6 +296,7 @@ def from_scene(
         _stack(pres, size),
         _stack(posts, size),
         [f"footprints {path} on {len(pre)} pre / {len(post)} post tile(s): {len(ids)} buildings"],
+        refs,
     )
 
 
@@ -296,7 +319,7 @@ def from_xbd(
     """
     path = Path(labels)
     if not path.is_file():
-        raise LabelError(f"{path}: label file not found")
+        raise LabelError(f"{path}: {not_found(path, 'label file not found')}")
     report = PrepareReport()
     try:
         disaster, buildings = parse_buildings(
@@ -315,7 +338,8 @@ def from_xbd(
     post_img, _ = align_images(pre_img, post_img, align)
     event = event or disaster or path.stem.replace("_post_disaster", "")
     h, w = pre_img.shape[:2]
-    ids, labs, pres, posts = [], [], [], []
+    rows = _xbd_rows(path)
+    ids, labs, pres, posts, refs = [], [], [], [], []
     for b in buildings:
         minx, miny, maxx, maxy = b.bbox
         if maxx <= 0 or maxy <= 0 or minx >= w or miny >= h:
@@ -325,6 +349,7 @@ def from_xbd(
         if blank_reason(a, c):
             continue
         ids.append(f"{path.stem.replace('_post_disaster', '')}:{b.uid}")
+        refs.append(BuildingRef(str(path), b.uid, rows.get(b.uid)))
         labs.append(b.label if with_labels else -1)
         pres.append(a)
         posts.append(c)
@@ -336,7 +361,21 @@ def from_xbd(
         _stack(pres, size),
         _stack(posts, size),
         [f"xBD labels {path}: {len(ids)} buildings"],
+        refs,
     )
+
+
+def _xbd_rows(path: Path) -> dict[str, int]:
+    """uid -> row of each building of an xBD label file: its position among the building
+    features of ``features.xy``, the row ``score`` writes it in."""
+    rows: dict[str, int] = {}
+    row = 0
+    for i, f in enumerate(json.loads(path.read_text())["features"]["xy"]):
+        props = (f.get("properties") if isinstance(f, dict) else None) or {}
+        if props.get("feature_type", "building") == "building":
+            rows.setdefault(str(props.get("uid") or f"#{i}"), row)
+            row += 1
+    return rows
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,23 +62,40 @@ RANDOM_SHARE = 0.5
 #: Neighbours whose mean distance defines a building's typicality.
 NEIGHBOURS = 20
 #: CSV columns of a ranking.
-COLUMNS = ("rank", "id", "event", "predicted", "confidence", "margin", "entropy", "distance")
+COLUMNS = (
+    "rank",
+    "id",
+    "row",
+    "file",
+    "event",
+    "predicted",
+    "confidence",
+    "margin",
+    "entropy",
+    "distance",
+)
 
 
 @dataclass
 class Suggestion:
-    """One ranked building: id, event, predicted class, confidence, margin, entropy (nats) and
-    the cosine distance to the nearest building ranked before it or labelled (1 for the first
-    when nothing is labelled)."""
+    """One ranked building: its id, row and file as the user knows them
+    (:class:`app.adapt.labelled.BuildingRef`: the footprints' ``uid`` or feature id, the row
+    of the file and of the scored output, the file), event, predicted class, confidence,
+    margin, entropy (nats) and the cosine distance to the nearest building ranked before it or
+    labelled (1 for the first when nothing is labelled); ``key`` is the id the ranking hashes
+    (``<scene>:<id>``, a chip store's chip id), unique across inputs."""
 
     rank: int
     id: str
+    row: int | None
+    file: str
     event: str
     predicted: str
     confidence: float
     margin: float
     entropy: float
     distance: float
+    key: str = ""
 
 
 def uncertainty(probabilities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -286,14 +303,17 @@ def suggest(
     names = predictor.class_names
     return [
         Suggestion(
-            rank + 1,
-            pool.ids[i],
-            pool.events[i],
-            names[int(pred.probabilities[i].argmax())],
-            round(float(pred.probabilities[i].max()), 6),
-            round(float(margin[i]), 6),
-            round(float(entropy[i]), 6),
-            round(float(d), 6),
+            rank=rank + 1,
+            id=pool.ref(i).id,
+            row=pool.ref(i).row,
+            file=pool.ref(i).file,
+            event=pool.events[i],
+            predicted=names[int(pred.probabilities[i].argmax())],
+            confidence=round(float(pred.probabilities[i].max()), 6),
+            margin=round(float(margin[i]), 6),
+            entropy=round(float(entropy[i]), 6),
+            distance=round(float(d), 6),
+            key=pool.ids[i],
         )
         for rank, (i, d) in enumerate(zip(order, dist, strict=True))
     ]
@@ -307,5 +327,5 @@ def write_suggestions(path: str | os.PathLike, rows: Sequence[Suggestion]) -> Pa
         writer = csv.writer(fh)
         writer.writerow(COLUMNS)
         for r in rows:
-            writer.writerow([getattr(r, c) for c in COLUMNS])
+            writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in COLUMNS])
     return path

@@ -3,7 +3,8 @@
 Scenes are listed in a CSV or as scene folders (:func:`read_scene_list`); each is scored by
 :func:`app.scoring.scene.score_scene`. A batch is resumable (finished scenes are left alone) and can be
 split into shards for several machines (:func:`shard_of`, a stable hash of the scene name). A
-scene that fails is recorded and the batch goes on; the summary lists it at the end.
+scene that fails is recorded and the batch goes on; the summary lists it at the end. A resumed
+batch's summary covers the scenes finished before too (:mod:`app.scoring.batch_resume`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from app.scoring.batch_resume import BATCH_SUMMARY, done_report, earlier_reports, summary_path
 from app.scoring.common import RASTER_SUFFIXES, ScoreOptions
 from app.scoring.detect import score_scene_detected
 from app.scoring.outputs import FORMAT_SUFFIX, OutputError
@@ -44,8 +46,7 @@ log = logging.getLogger(__name__)
 
 #: Footprint file suffixes recognised in scene folders.
 FOOTPRINT_SUFFIXES = (".geojson", ".json", ".gpkg", ".shp", ".fgb")
-#: Summary of a batch (``summary-<i>-of-<n>.json`` for a shard).
-BATCH_SUMMARY = "summary.json"
+__all__ = ["BATCH_SUMMARY", "summary_path"]  # re-exported from app.scoring.batch_resume
 
 
 class BatchError(LocalDamageError, ValueError):
@@ -277,7 +278,7 @@ class BatchReport:
         return self.count("scored") + self.count("done")
 
     def to_dict(self) -> dict:
-        buildings = sum(s.get("report", {}).get("buildings", 0) for s in self.scenes)
+        buildings = sum((s.get("report") or {}).get("buildings", 0) for s in self.scenes)
         return {
             "shard": None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}",
             "scenes": self.scenes,
@@ -303,11 +304,15 @@ class BatchReport:
         ]
         per_class: Counter = Counter()
         for s in self.scenes:
-            per_class.update(s.get("report", {}).get("per_class", {}))
+            per_class.update((s.get("report") or {}).get("per_class", {}))
         if per_class:
             lines.append(
                 "buildings per class: " + ", ".join(f"{k} {v}" for k, v in per_class.items())
             )
+        for s in self.scenes:
+            order = (s.get("report") or {}).get("order") or {}
+            if order.get("reversed"):
+                lines.append(f"warning: scene {s['name']}: {order.get('warning', '')}")
         failed = [s for s in self.scenes if s["status"] == "failed"]
         if failed or self.problems:
             lines.append(f"problems ({len(failed) + len(self.problems)}):")
@@ -320,13 +325,6 @@ class BatchReport:
         if self.succeeded or (not self.scenes and not self.problems):
             return 0
         return 1
-
-
-def summary_path(out_dir: str | os.PathLike, shard: tuple[int, int] | None) -> Path:
-    """``summary.json``, or ``summary-<i>-of-<n>.json`` for a shard (shards share a folder)."""
-    if shard is None:
-        return Path(out_dir) / BATCH_SUMMARY
-    return Path(out_dir) / f"summary-{shard[0]}-of-{shard[1]}.json"
 
 
 @dataclass(frozen=True)
@@ -429,8 +427,10 @@ def score_batch(
 
     A scene that fails is recorded and the batch goes on. With ``resume``, a scene whose outputs
     all exist is left alone (outputs are renamed into place only when complete and the vector
-    file is written last, so an existing file is a finished one); temporary files an interrupted
-    run left behind are removed before a scene is scored again.
+    file is written last, so an existing file is a finished one) and keeps its report in the
+    summary, from the earlier summary or read back from its outputs
+    (:mod:`app.scoring.batch_resume`); temporary files an interrupted run left behind are
+    removed before a scene is scored again.
 
     Args:
         predictor: the loaded ONNX model.
@@ -479,6 +479,8 @@ def score_batch(
         else:
             todo.append(_SceneTask(_absolute(job), paths, options))
     by_name = {e["name"]: e for e in entries}
+    if any(e.get("status") == "done" for e in entries):
+        _done_reports(entries, out_dir, fmt, raster, overlay, predictor.class_names)
     workers = default_workers() if workers is None else int(workers)
     workers = max(min(workers, len(todo)), 1)  # no idle workers to start
     try:
@@ -497,6 +499,18 @@ def score_batch(
     report.seconds = time.perf_counter() - start
     write_json(summary_path(out_dir, shard), report.to_dict())
     return report
+
+
+def _done_reports(entries, out_dir, fmt, raster, overlay, class_names) -> None:
+    """Give each scene an earlier run finished its report (``report_from``: ``summary`` or
+    ``outputs``; :func:`app.scoring.batch_resume.done_report`)."""
+    earlier = earlier_reports(out_dir)
+    for entry in entries:
+        if entry.get("status") == "done":
+            paths = scene_outputs(out_dir, entry["name"], fmt, raster, overlay)
+            report, where = done_report(entry["name"], paths, earlier, class_names)
+            if report is not None:
+                entry["report"], entry["report_from"] = report, where
 
 
 def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client) -> list:

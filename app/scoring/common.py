@@ -8,6 +8,8 @@ grading and the vector output.
   time and flags them (:mod:`runtime.flags`).
 - :func:`write_features`: the input features with their score columns, as GeoJSON or GeoPackage
   (:func:`app.scoring.outputs.write_vector`).
+- :func:`record_order`: whether pre and post look exchanged (:mod:`app.scoring.order`), into
+  the report and, when they do, the output's metadata.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from app.scoring.order import OrderCheck, OrderSample
 from app.scoring.outputs import OutputError, vector_format, write_vector
 from data_prep.grid import reproject_geometries
 from data_prep.quality import BLANK
@@ -48,6 +51,8 @@ BLOCK_SIZE = 1024
 GDAL_CACHE_MB = 16
 #: Output metadata key (GeoPackage layer metadata, GeoJSON collection member) of the alignment.
 ALIGNMENT_KEY = "local_damage_alignment"
+#: Output metadata key of the order check, written only when pre and post look exchanged.
+ORDER_KEY = "local_damage_order"
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,10 @@ class ScoreReport:
             (:meth:`data_prep.alignment.SceneShift.to_dict`).
         detected: buildings found by the localiser when no footprints were given (None when
             footprints were given; :mod:`app.scoring.detect`).
+        notes: lines the summary gives first (e.g. a label file without buildings).
+        order: the check of whether pre and post look exchanged
+            (:meth:`app.scoring.order.OrderCheck.to_dict`); ``order_warning`` its warning line,
+            empty when the order looks right.
     """
 
     scene: str
@@ -116,6 +125,9 @@ class ScoreReport:
     alignment: dict | None = None
     alignment_text: str = ""
     detected: int | None = None
+    notes: list[str] = field(default_factory=list)
+    order: dict | None = None
+    order_warning: str = ""
 
     @property
     def scored(self) -> int:
@@ -139,6 +151,8 @@ class ScoreReport:
             "scored_per_second": round(self.scored / self.seconds if self.seconds > 0 else 0.0, 2),
             "alignment": self.alignment,
             "detected": self.detected,
+            "order": self.order,
+            "notes": list(self.notes),
         }
 
     def summary(self) -> str:
@@ -148,8 +162,11 @@ class ScoreReport:
             f"{self.scored / self.seconds if self.seconds > 0 else 0.0:.1f} scored/s)",
             "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
         ]
+        lines[1:1] = self.notes
         if self.detected is not None:
             lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
+        if self.order_warning:
+            lines.append(self.order_warning)
         if self.alignment_text:
             lines.append(self.alignment_text)
         if self.not_covered:
@@ -227,7 +244,8 @@ class Scores:
 
 
 class Batcher:
-    """Collects chip pairs, grades them ``batch_size`` at a time and flags them."""
+    """Collects chip pairs, grades them ``batch_size`` at a time and flags them; keeps a sample
+    of them for the order check (:class:`app.scoring.order.OrderSample`)."""
 
     def __init__(self, predictor: Predictor, scores: Scores, batch_size: int):
         if batch_size < 1:
@@ -238,6 +256,7 @@ class Batcher:
         self.pre: list[np.ndarray] = []
         self.post: list[np.ndarray] = []
         self.context: list[float | None] = []
+        self.sample = OrderSample()
 
     def add(
         self, row: int, pre: np.ndarray, post: np.ndarray, context_px: float | None = None
@@ -249,6 +268,7 @@ class Batcher:
         self.pre.append(pre)
         self.post.append(post)
         self.context.append(context_px)
+        self.sample.offer(row, pre, post)
         if len(self.rows) >= self.batch_size:
             self.flush()
 
@@ -267,6 +287,11 @@ class Batcher:
         for row, names in zip(rows, flags, strict=True):
             self.scores.flags[row] = flags_text(names)
         self.rows, self.pre, self.post, self.context = [], [], [], []
+
+
+def record_order(report: ScoreReport, check: OrderCheck) -> None:
+    """Put the order check into the report (its dict, and its warning when it looks reversed)."""
+    report.order, report.order_warning = check.to_dict(), check.warning()
 
 
 def report_counts(report: ScoreReport, scores: Scores) -> None:
@@ -344,7 +369,19 @@ def _model_metadata(predictor: Predictor, report: ScoreReport | None = None) -> 
     out = {"local_damage_model": json.dumps(card, default=str, sort_keys=True)}
     if report is not None and report.alignment is not None:
         out[ALIGNMENT_KEY] = json.dumps(report.alignment, sort_keys=True)
+    if report is not None and report.order_warning:
+        out[ORDER_KEY] = json.dumps(report.order, sort_keys=True)
     return out
+
+
+def _members(report: ScoreReport) -> dict | None:
+    """GeoJSON collection members: the alignment, and the order check when it warns."""
+    members = {}
+    if report.alignment is not None:
+        members[ALIGNMENT_KEY] = report.alignment
+    if report.order_warning:
+        members[ORDER_KEY] = report.order
+    return members or None
 
 
 def write_features(
@@ -365,8 +402,8 @@ def write_features(
         crs: their CRS (None: pixel coordinates, GeoPackage only).
         attributes, attr_masks: the input attributes and where each is null.
         scores: the per-feature results.
-        report: the scene's report; its alignment goes into the file's metadata and the
-            written path into its outputs.
+        report: the scene's report; its alignment (and its order check when pre and post look
+            exchanged) goes into the file's metadata and the written path into its outputs.
         predictor: the model, whose card goes into the file's metadata.
     """
     score_cols, score_masks = scores.columns(report.class_names)
@@ -381,8 +418,6 @@ def write_features(
         masks,
         layer=report.scene,
         metadata=_model_metadata(predictor, report),
-        collection_members=(
-            {ALIGNMENT_KEY: report.alignment} if report.alignment is not None else None
-        ),
+        collection_members=_members(report),
     )
     report.outputs["vector"] = str(out)

@@ -280,6 +280,7 @@ def score_scene_detected(
             name=name or scene_name(pre[0]),
             source=DETECTED,
             options=options,
+            building_item=f"{', '.join(map(str, pre))}: detected building",
         )
     report.detected, report.seconds = found, time.perf_counter() - start
     return report
@@ -305,11 +306,18 @@ def score_xbd_detected(
 
     Raises:
         OutputError: an output path with an unusable suffix (checked before any work).
-        SceneError: no localiser available, an unusable image, or no building found.
+        SceneError: no localiser available, a GeoJSON output for a pre image without
+            georeferencing (checked before any work), an unusable image, or no building found.
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    check_outputs(out, raster, overlay)
+    if check_outputs(out, raster, overlay) == "geojson" and image_georef(pre)[0] is None:
+        raise SceneError(
+            pre,
+            "is not georeferenced, so the buildings detected on it cannot be placed in "
+            f"longitude/latitude for GeoJSON; write {Path(out).with_suffix('.gpkg').name} "
+            "instead (pixel coordinates)",
+        )
     localizer = require_localizer(localizer, "--labels")
     name = name or scene_name(pre)
     with temporary_folder() as tmp:
@@ -326,6 +334,7 @@ def score_xbd_detected(
             name=name,
             source=DETECTED,
             options=options,
+            building_item=f"{pre}: detected building",
         )
     report.detected, report.seconds = found, time.perf_counter() - start
     return report

@@ -48,10 +48,12 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    record_order,
     report_counts,
     to_crs,
     write_features,
 )
+from app.scoring.order import check_order
 from data_prep.alignment import align_scene
 from data_prep.footprints import load_footprints
 from data_prep.mosaic import open_scene
@@ -115,13 +117,16 @@ def score_scene(
     name: str | None = None,
     source: str = "given",
     options: ScoreOptions | None = None,
+    building_item: str | None = None,
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
 
     Before any chip is cut, the post-to-pre shift of the scene is measured and, when it is
     confident and longer than a pixel, corrected (:func:`data_prep.alignment.align_scene`); the
     report and the output metadata (GeoPackage layer metadata / GeoJSON collection member
-    ``local_damage_alignment``) record it.
+    ``local_damage_alignment``) record it. After grading, the order of pre and post is checked
+    (:func:`app.scoring.order.check_order`); when they look exchanged the report warns and the
+    output metadata (``local_damage_order``) records it, and the grades stay as given.
 
     Args:
         predictor: the loaded ONNX model (its chip spec decides how chips are cut).
@@ -138,6 +143,8 @@ def score_scene(
         options: batch size, block size (memory grows with its square, not with the scene),
             pixel limit per internal block and read window, alignment and progress bar
             (default :class:`~app.scoring.common.ScoreOptions`).
+        building_item: how the report names a building before its uid (default
+            ``<buildings> feature``); detection names the imagery, not its temporary file.
 
     Returns:
         The report (per-class counts, not covered, skipped, outputs, time, alignment).
@@ -166,11 +173,14 @@ def score_scene(
         reasons = {s.item: s.reason for s in footprints.skipped}
         kept = np.zeros(n, dtype=bool)
         kept[footprints.rows] = True
+        named = building_item or f"{footprints.path} feature"
         for row in np.flatnonzero(~kept):
-            item = f"{footprints.path} feature {table.uids[row]}"
-            reason = reasons.get(item, "not a usable building polygon")
+            uid = table.uids[row]
+            reason = reasons.get(
+                f"{footprints.path} feature {uid}", "not a usable building polygon"
+            )
             scores.status[row] = f"{SKIPPED}: {reason}"
-            report.skipped.append(Skipped(item, reason))
+            report.skipped.append(Skipped(f"{named} {uid}", reason))
 
         batcher = Batcher(predictor, scores, options.batch_size)
         for b in iter_building_chips(
@@ -186,12 +196,16 @@ def score_scene(
                 scores.status[row] = NOT_COVERED
             elif b.status == CUT_SKIPPED:
                 scores.skip(row, b.reason)
-                report.skipped.append(Skipped(f"{footprints.path} feature {b.uid}", b.reason))
+                report.skipped.append(Skipped(f"{named} {b.uid}", b.reason))
             else:
                 batcher.add(row, b.pre, b.post, b.context_px)
         batcher.flush()
         report.skipped.extend(scene.all_skipped())
         report_counts(report, scores)
+        order = check_order(
+            pre, post, predictor, batcher.sample, scores.class_id, options.batch_size
+        )
+        record_order(report, order)
 
         with all_or_nothing(report):
             _scene_outputs(

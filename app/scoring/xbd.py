@@ -31,11 +31,14 @@ from app.scoring.common import (
     bounded_gdal_cache,
     check_outputs,
     image_georef,
+    record_order,
     report_counts,
     to_crs,
     write_features,
 )
+from app.scoring.order import check_order
 from data_prep.alignment import align_images
+from data_prep.errors import not_found
 from data_prep.grid import Grid
 from data_prep.imagery import ImageError, split_file_message
 from data_prep.mosaic import SceneError
@@ -87,11 +90,14 @@ def score_xbd(
     name: str | None = None,
     source: str = "given",
     options: ScoreOptions | None = None,
+    building_item: str | None = None,
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
 
     The post image's shift against the pre image is measured and, when confident and longer
     than a pixel, corrected before chips are cut (:func:`data_prep.alignment.align_images`).
+    After grading, the order of pre and post is checked as in scene mode
+    (:func:`app.scoring.order.check_order`).
 
     Buildings come from the label's ``features.xy`` pixel polygons (parsed by
     :func:`data_prep.xbd_tiles.parse_buildings`; damage subtypes, if any, are ignored and carried over
@@ -116,15 +122,17 @@ def score_xbd(
         options: batch size, pixel limit per image (checked before decoding), alignment and
             progress bar (default :class:`~app.scoring.common.ScoreOptions`; the block size is
             a scene-mode option).
+        building_item: how the report names a building before its uid (default ``<labels>
+            building``); detection names the pre image, not its temporary label file.
 
     Returns:
         The report.
 
     Raises:
         SceneError: an unreadable, truncated, blank or too large image, an unreadable label
-            file, images of different sizes, no building
-            in the label file, or a GeoJSON output for a label file without ``lng_lat``
-            polygons and without georeferenced images.
+            file, images of different sizes, or a GeoJSON output for a label file without
+            ``lng_lat`` polygons and without georeferenced images. A label file without a
+            building is no error: its outputs are written empty and the report says so.
         OutputError: an output path with an unusable suffix.
     """
     start = time.perf_counter()
@@ -135,15 +143,15 @@ def score_xbd(
     class_names = tuple(predictor.class_names)
     report = ScoreReport(scene=name, class_names=class_names)
     if not labels.is_file():
-        raise SceneError(labels, "label file not found")
+        raise SceneError(labels, not_found(labels, "label file not found"))
     parsed = PrepareReport()
     try:
         _, buildings = parse_buildings(labels, parsed, ignore_labels=True)
     except (OSError, ValueError) as exc:
         raise SceneError(labels, str(exc)) from exc
     features, lonlat_wkt = _xbd_features(labels)
-    if not features:
-        raise SceneError(labels, "holds no building polygons in features.xy; nothing to score")
+    if not features:  # real xBD tiles without a building: an empty result, said plainly
+        report.notes.append(f"no buildings in the label file {labels}: nothing to grade")
     try:
         pre_img, post_img = read_tile_pair(pre, post, options.max_pixels)
     except ImageError as exc:
@@ -172,7 +180,8 @@ def score_xbd(
     report.buildings = n
     scores = Scores(n, len(class_names), source)
     by_uid = {b.uid: b for b in buildings}
-    reasons = {s.item: s.reason for s in parsed.skipped}
+    named = building_item or f"{labels} building"
+    reasons = {s.item.replace(f"{labels} building", named, 1): s.reason for s in parsed.skipped}
     used: set[str] = set()
     spec = predictor.spec
     batcher = Batcher(predictor, scores, options.batch_size)
@@ -180,7 +189,7 @@ def score_xbd(
         tqdm(features, desc="buildings", unit="bldg", disable=None if options.progress else True)
     ):
         uid = feat["uid"]
-        item = f"{labels} building {uid}"
+        item = f"{named} {uid}"
         b = by_uid.get(uid)
         if b is None or uid in used:
             reason = (
@@ -207,6 +216,10 @@ def score_xbd(
         batcher.add(row, pre_chip, post_chip, shift)
     batcher.flush()
     report_counts(report, scores)
+    order = check_order(
+        [pre], [post], predictor, batcher.sample, scores.class_id, options.batch_size
+    )
+    record_order(report, order)
 
     with bounded_gdal_cache(), all_or_nothing(report):
         pixel = np.empty(n, dtype=object)
@@ -254,8 +267,8 @@ def score_xbd(
         if fmt == "geojson":
             geometries = np.empty(n, dtype=object)
             geometries[:] = [_safe_wkt(lonlat_wkt.get(f["uid"])) for f in features]
-            missing = np.array([g is None for g in geometries]) & np.array(
-                [p is not None for p in pixel]
+            missing = np.array([g is None for g in geometries], dtype=bool) & np.array(
+                [p is not None for p in pixel], dtype=bool
             )
             if missing.any() and georef is not None:
                 geometries[missing] = to_crs(georef.from_pixels(pixel[missing]), crs, "OGC:CRS84")

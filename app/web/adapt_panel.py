@@ -277,8 +277,8 @@ def suggest_next(
     return [
         {
             "rank": s.rank,
-            "#": rows.get(s.id.split(":", 1)[-1], -1),
-            "uid": s.id.split(":", 1)[-1],
+            "#": s.row if s.row is not None else rows.get(s.id, -1),
+            "uid": s.id,
             "damage": s.predicted,
             "confidence": round(s.confidence, 4),
             "uncertainty": round(1.0 - s.margin, 4),

@@ -17,8 +17,10 @@ endpoint) second:
 synthetic examples (:mod:`app.web.examples`), the page (:mod:`app.web.layout`: model picker with
 model cards, both modes, corrections, Adapt and Suggest) and its events (:mod:`app.web.events`),
 which call plain functions (:mod:`app.web.callbacks`); the model card is :mod:`app.web.model_card`.
-:func:`launch` serves it: on 127.0.0.1 unless told otherwise, no public share link, optional
-username/password, an upload size limit and a request queue with a concurrency limit. Bad input
+:func:`launch` serves it: on 127.0.0.1 unless told otherwise, a public share link only when
+asked (``local-damage app --share``), optional username/password, an upload size limit and a
+request queue with a concurrency limit; Gradio's own console hints (written for Python
+callers of ``launch()``) are left out, the command prints its own. Bad input
 gives a clear message in the UI and the app keeps serving.
 """
 
@@ -137,8 +139,9 @@ def launch(
     work_dir: str | os.PathLike | None = None,
     block: bool = True,
     max_pixels: int | None = None,
+    share: bool = False,
 ):
-    """Build and serve the app (no share link, upload limit, queue).
+    """Build and serve the app (upload limit, queue; a share link only with ``share``).
 
     Args:
         models_dir, model, work_dir, max_pixels: see :func:`build_app`.
@@ -147,6 +150,8 @@ def launch(
         auth: optional ``(username, password)``.
         block: wait until interrupted; False returns at once (the server keeps running in a
             thread; close it with ``blocks.close()``).
+        share: also serve it on a temporary public link through Gradio's share server (Gradio
+            prints the link).
 
     Returns:
         The ``gr.Blocks`` (when ``block`` is False).
@@ -156,14 +161,14 @@ def launch(
     demo.launch(
         server_name=host,
         server_port=port,
-        share=False,
+        share=share,
         auth=auth,
         max_file_size=MAX_FILE_SIZE,
         allowed_paths=allowed,
         prevent_thread_lock=not block,
         theme=layout.offline_theme(),
         ssr_mode=False,
-        quiet=not block,
+        quiet=True,  # Gradio's hints speak of launch() arguments; the command prints its own
         show_error=True,
     )
     return demo

@@ -238,6 +238,8 @@ class TileResult:
         seconds: wall time of the assessment.
         class_names: the model's classes.
         model: the model file's stem.
+        warning: what the analyst should check first (pre and post that look exchanged:
+            :mod:`app.scoring.order`); empty when nothing.
     """
 
     session: Path
@@ -251,6 +253,7 @@ class TileResult:
     seconds: float
     class_names: tuple[str, ...] = field(default_factory=tuple)
     model: str = ""
+    warning: str = ""
 
     @property
     def buildings(self) -> int:
@@ -272,6 +275,8 @@ class TileResult:
         flagged = sum(1 for row in self.rows if row.get("flags"))
         if flagged:
             lines += [f"| flagged: check (see the flags column) | {flagged} |"]
+        if self.warning:
+            lines[1:1] = ["", f"**Warning**: {self.warning.removeprefix('warning: ')}"]
         return "\n".join(lines)
 
 
@@ -435,6 +440,7 @@ def assess_tile(
         class_names=class_names,
         model=predictor.path.stem
         + (", buildings detected by the localiser" if source != "given" else ""),
+        warning=report.order_warning,
     )
 
 
