@@ -33,6 +33,7 @@ from cli import prepare as prepare_cli
 from cli import probe as probe_cli
 from cli import score as score_cli
 from cli import train as train_cli
+from cli.options import resolve_models
 from data_prep.errors import LocalDamageError
 from local_damage import __version__
 
@@ -103,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(quiet=bool(getattr(args, "quiet", False)))
     try:
+        resolve_models(args)  # --model default, --localizer localizer: from any folder
         return int(args.func(args) or 0)
     except LocalDamageError as exc:
         print(f"error: {exc}", file=sys.stderr)
