@@ -277,3 +277,103 @@ def _store(tmp_path: Path) -> Path:
     chips.mkdir(exist_ok=True)
     (chips / "splits.csv").write_text("chip_id,tile,event,fold\nx:1,x,e,0\n")
     return chips
+
+
+# ------------------------------------------------------------- the model's training tiles
+
+
+def _tiles_by_training(score_model: Path) -> tuple[list[str], list[str]]:
+    """``(trained, held_out)`` tiles of the synthetic xBD root for the test model, from the
+    splits of the store it was trained on (validation fold 0), not from its metadata."""
+    import pandas as pd
+
+    splits = pd.read_csv(score_model.parent / "chips" / "splits.csv", dtype={"tile": str})
+    trained = sorted(set(splits.loc[splits["fold"] != 0, "tile"]))
+    held_out = sorted(set(splits.loc[splits["fold"] == 0, "tile"]))
+    assert trained and held_out
+    return trained, held_out
+
+
+def test_export_records_the_training_tiles(score_model):
+    from runtime.predictor import Predictor
+
+    trained, _ = _tiles_by_training(score_model)
+    info = Predictor(score_model).metadata["training_data"]
+    assert info["train_tiles"] == trained
+    assert info["validation_fold"] == 0
+
+
+def test_training_tiles_are_marked_and_kept_from_published_figures(
+    tmp_path, synthetic_xbd, score_model, capsys
+):
+    trained, held_out = _tiles_by_training(score_model)
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(score_model)]
+
+    # tiles the model trained on: the row is marked, no published row beside it
+    assert main([*args, "--tiles", *trained, "--out", str(tmp_path / "in"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("given ("))
+    assert "graded) *" in row
+    assert "in the model's training data" in printed
+    assert "MambaBDA" not in printed and "xView2 baseline" not in printed
+    assert "published figures left out" in printed
+    m = json.loads((tmp_path / "in" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["tiles_in_training"] == trained
+    assert [r["modes"]["given"]["in_training_data"] for r in m["tiles"]] == [True] * len(trained)
+    assert m["held_out"] == {}
+
+    # held-out tiles: not marked, and compared with the published figures
+    assert main([*args, "--tiles", *held_out, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("given ("))
+    assert "*" not in row and "MambaBDA" in printed
+    assert f"none of the {len(held_out)} tiles is in the model's training data" in printed
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["tiles_in_training"] == []
+    assert {r["modes"]["given"]["in_training_data"] for r in m["tiles"]} == {False}
+
+
+def test_a_mix_gives_the_held_out_tiles_apart(tmp_path, synthetic_xbd, score_model, capsys):
+    trained, held_out = _tiles_by_training(score_model)
+    out = tmp_path / "mix"
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(score_model)]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    pooled = next(line for line in printed if line.startswith("given ("))
+    apart = next(line for line in printed if line.startswith("given, held-out tiles only"))
+    assert "*" in pooled and "*" not in apart
+    assert any(line.startswith("MambaBDA") for line in printed)
+    assert any("published rows compare with the unmarked rows only" in line for line in printed)
+    m = json.loads((out / "metrics.json").read_text())
+    # the held-out row is the pooled counts of the held-out tiles alone
+    pooled_counts = XView2Counts()
+    for row in m["tiles"]:
+        if row["tile"] in held_out:
+            one = XView2Counts()
+            one.loc = np.array(row["modes"]["given"]["localization"])
+            one.damage = np.array(row["modes"]["given"]["damage"])
+            one.tiles = 1
+            pooled_counts += one
+    h = m["held_out"]["given"]
+    assert h["tiles"] == len(held_out)
+    assert h["damage_f1"] == pytest.approx(pooled_counts.scores()["damage_f1"])
+    assert f"{h['damage_f1']:.3f}" in apart
+
+
+def test_unknown_training_tiles_are_said(tmp_path, synthetic_xbd, score_model, capsys):
+    import onnx
+
+    from runtime.contract import read_metadata, save_onnx, set_metadata
+
+    proto = onnx.load(str(score_model))
+    info = read_metadata(proto)["training_data"]
+    info = {k: v for k, v in info.items() if k not in ("train_tiles", "chips")}
+    set_metadata(proto, {"training_data": info})
+    model = save_onnx(proto, tmp_path / "old.onnx")
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(model)]
+    assert main([*args, "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "training tiles unknown" in printed and "does not list its training tiles" in printed
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["known"] is False
+    assert {r["modes"]["given"]["in_training_data"] for r in m["tiles"]} == {None}
