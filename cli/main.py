@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from bench import adapt as bench_adapt
 from bench import alignment as bench_alignment
 from bench import fewshot as bench_fewshot
 from bench import flags as bench_flags
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_flags.add_parser(bench_sub)
     bench_alignment.add_parser(bench_sub)
     bench_score.add_parser(bench_sub)
+    bench_adapt.add_parser(bench_sub)
     return parser
 
 
