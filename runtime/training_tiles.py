@@ -2,7 +2,9 @@
 and kept out of comparisons with published figures (no torch).
 
 A model exported by this version lists its training tiles in its metadata
-(``training_data.train_tiles``, as the building localiser always has). For an older model that
+(``training_data.train_tiles``, as the building localiser always has), and a model adapted by
+``local-damage adapt`` adds the tiles of its labels (``adaptation.labels.tiles``). For an older
+model that
 lists only its chip store and validation fold, the tiles are read from that store's
 ``splits.csv`` when it is at hand: every tile outside the validation fold (and outside the
 run's held-out fold, when the run folder says which) counts as trained on, which can only mark
@@ -73,8 +75,27 @@ def training_tiles(metadata: Mapping[str, Any], what: str = "model") -> Training
 
     ``training_data.train_tiles`` when listed; else derived from the chip store's splits named
     in ``training_data.chips`` with the fold of ``validation_metrics`` (see the module
-    docstring); else unknown. ``what`` names the model in the description.
+    docstring); else unknown. An adapted model adds the tiles of its head's labels (unknown when
+    its ``adaptation`` block does not list them). ``what`` names the model in the description.
     """
+    base = _network_tiles(metadata, what)
+    adaptation = metadata.get("adaptation")
+    if not isinstance(adaptation, Mapping):
+        return base
+    labels = adaptation.get("labels") if isinstance(adaptation.get("labels"), Mapping) else {}
+    listed = labels.get("tiles")
+    if not isinstance(listed, list):
+        return TrainingTiles(
+            None, f"the {what}'s adapted head does not record the tiles of its labels"
+        )
+    head = TrainingTiles(
+        frozenset(map(str, listed)), f"its adapted head's labels lie on {len(listed)} tiles"
+    )
+    return base.union(head)
+
+
+def _network_tiles(metadata: Mapping[str, Any], what: str) -> TrainingTiles:
+    """The tiles the network (not an adapted head) was trained on (:func:`training_tiles`)."""
     info = metadata.get("training_data")
     info = info if isinstance(info, Mapping) else {}
     listed = info.get("train_tiles")

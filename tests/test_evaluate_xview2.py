@@ -377,3 +377,23 @@ def test_unknown_training_tiles_are_said(tmp_path, synthetic_xbd, score_model, c
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert m["training_data"]["given"]["known"] is False
     assert {r["modes"]["given"]["in_training_data"] for r in m["tiles"]} == {None}
+
+
+def test_an_adapted_models_labels_count_as_training_data(
+    tmp_path, synthetic_xbd, score_model, capsys
+):
+    """Adapted to the labels of the held-out fold, the model has trained on those tiles too."""
+    from runtime.predictor import Predictor
+
+    _, held_out = _tiles_by_training(score_model)
+    adapted = tmp_path / "adapted.onnx"
+    chips = score_model.parent / "chips"
+    adapt = ["adapt", "--model", str(score_model), "--chips", str(chips), "--fold", "0"]
+    assert main([*adapt, "--out", str(adapted), "--quiet"]) == 0
+    assert Predictor(adapted).metadata["adaptation"]["labels"]["tiles"] == held_out
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(adapted)]
+    assert main([*args, "--tiles", *held_out, "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "graded) *" in printed and "MambaBDA" not in printed
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["tiles_in_training"] == held_out
