@@ -34,12 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from cli.options import add_report_args
+from cli.options import MODEL_CHOICE, add_model_args, add_report_args
 from data_prep.split import fold_indices
 from data_prep.store import ChipReader, StoreError, read_manifest
 from runtime.contract import ModelError
 from runtime.flags import BLANK, CLOUD, FLAGS, HAZE, MISALIGNED, OOD, Flagger
 from runtime.predictor import Predictor
+from runtime.registry import default_model
 
 #: Default shift of the ``shifted post`` case, in chip pixels.
 SHIFT_PX = 8.0
@@ -261,7 +262,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
             "misaligned, another event's post -> ood). Seeded; no torch."
         ),
     )
-    p.add_argument("--model", required=True, metavar="MODEL.onnx", help="model to flag with")
+    add_model_args(p, help=f"model to flag with: {MODEL_CHOICE} (default: the bundled default)")
     p.add_argument("--chips", required=True, metavar="CHIPS", help="chip store")
     p.add_argument("--fold", type=int, metavar="K", help="fold of CHIPS/splits.csv (default all)")
     p.add_argument(
@@ -279,6 +280,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = bench_flags(args.model, args.chips, args.fold, args.shift, args.seed, args.limit)
+    model = args.model if args.model is not None else default_model()
+    result = bench_flags(model, args.chips, args.fold, args.shift, args.seed, args.limit)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0

@@ -27,7 +27,7 @@ from typing import Any
 
 from app.scoring.batch import read_scene_list, score_batch
 from app.scoring.common import ScoreOptions
-from cli.options import add_report_args
+from cli.options import add_model_args, add_report_args
 from data_prep.engine import EngineError, open_client
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_scene
@@ -178,9 +178,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="scenes in the synthetic batch (default 24)",
     )
-    p.add_argument(
-        "--model", metavar="ONNX", help="damage model (default: the bundled default model)"
-    )
+    add_model_args(p)
     p.add_argument(
         "--workers",
         type=int,

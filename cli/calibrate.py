@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 
+from cli.options import MODEL_CHOICE, add_model_args
 from local_damage.evaluation.calibrate import (
     OOD_QUANTILE,
     calibrate_model,
     format_block,
     format_ood,
 )
+from runtime.registry import default_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "without torch."
         ),
     )
-    p.add_argument("--model", required=True, metavar="MODEL.onnx", help="model to calibrate")
+    add_model_args(p, help=f"model to calibrate: {MODEL_CHOICE} (default: the bundled default)")
     p.add_argument("--chips", required=True, metavar="CHIPS", help="labelled chip store")
     p.add_argument(
         "--fold",
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     result = calibrate_model(
-        args.model,
+        args.model if args.model is not None else default_model(),
         args.chips,
         args.out,
         fold=args.fold,

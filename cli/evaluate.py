@@ -9,7 +9,14 @@ from pathlib import Path
 
 from app.scoring.xview2 import METRICS_JSON as XVIEW2_METRICS_JSON
 from app.scoring.xview2 import evaluate_xview2, format_table
-from cli.options import add_report_args, add_xbd_args
+from cli.options import (
+    LOCALIZER_CHOICE,
+    MODEL_CHOICE,
+    add_localizer_args,
+    add_model_args,
+    add_report_args,
+    add_xbd_args,
+)
 from local_damage.evaluation.evaluate import (
     METRICS_JSON,
     PREDICTIONS_CSV,
@@ -18,6 +25,7 @@ from local_damage.evaluation.evaluate import (
     format_summary,
     load_scorer,
 )
+from runtime.registry import default_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "matrix, calibration ECE/NLL/Brier before and after the model's temperature, "
             "representation metrics SAA/SAD/CAC/CAD/GPU), OUT/predictions.csv, "
             "OUT/confusion_matrix.png, OUT/reliability.png and t-SNE plots of the embeddings. "
-            "One of --run/--model, one of --chips/--xbd and --out are required. "
+            "One of --chips/--xbd and --out are required; the model is --run, --model or the "
+            "bundled default. "
             "`local-damage evaluate xview2` scores whole xBD tiles with the xView2 challenge "
             "metric instead."
         ),
@@ -38,7 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     # not required=True: `evaluate xview2` brings its own options; run() checks them
     model = p.add_mutually_exclusive_group()
     model.add_argument("--run", metavar="RUN", help="run folder of `local-damage train`")
-    model.add_argument("--model", metavar="MODEL.onnx", help="exported ONNX model")
+    add_model_args(
+        p, help=f"exported model: {MODEL_CHOICE} (default: the bundled default)", group=model
+    )
     data = p.add_mutually_exclusive_group()
     data.add_argument("--chips", metavar="CHIPS", help="chip store folder")
     add_xbd_args(
@@ -90,7 +101,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     needed = [
-        ("--run or --model", args.run or args.model),
         ("--chips or --xbd", args.chips or args.xbd),
         ("--out", args.out),
     ]
@@ -116,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "seed": args.seed,
     }
-    scorer = load_scorer(run=args.run, model=args.model, device=args.device, tta=args.tta)
+    model = args.model if args.model or args.run else str(default_model())
+    scorer = load_scorer(run=args.run, model=model, device=args.device, tta=args.tta)
     if args.xbd:
         metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
     else:
@@ -146,7 +157,7 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_xbd_args(p, help="xBD root: images/ and labels/ (or splits)")
-    p.add_argument("--model", required=True, metavar="MODEL.onnx", help="damage model (ONNX)")
+    add_model_args(p, help=f"damage model: {MODEL_CHOICE} (default: the bundled default)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     which = p.add_mutually_exclusive_group()
     which.add_argument(
@@ -163,10 +174,9 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
         metavar="CHIPS",
         help="chip store whose splits.csv deals tiles to folds (with --fold)",
     )
-    p.add_argument(
-        "--localizer",
-        metavar="LOCALIZER.onnx",
-        help="building localiser: also score with the footprints it detects",
+    add_localizer_args(
+        p,
+        help=f"building localiser ({LOCALIZER_CHOICE}): also score with the footprints it detects",
     )
     p.add_argument(
         "--pngs",
@@ -184,7 +194,7 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
 def run_xview2(args: argparse.Namespace) -> int:
     metrics = evaluate_xview2(
         args.xbd,
-        args.model,
+        args.model if args.model is not None else default_model(),
         args.out,
         tiles=args.tiles,
         chips=args.chips,

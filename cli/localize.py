@@ -11,9 +11,17 @@ import argparse
 import json
 import sys
 
-from cli.options import add_model_args, add_output_args, add_report_args, add_xbd_args
+from cli.options import (
+    LOCALIZER_CHOICE,
+    add_model_args,
+    add_output_args,
+    add_report_args,
+    add_xbd_args,
+)
 from local_damage.config import load_yaml
 from local_damage.localize.evaluate import evaluate_model, format_scores
+from runtime.contract import ModelError
+from runtime.registry import default_localizer
 
 
 def _split_args(p: argparse.ArgumentParser) -> None:
@@ -102,7 +110,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="pixel precision / recall / F1 of an exported localiser on the tiles of a fold",
         description="Score an exported localiser on the tiles of one fold: building pixels predicted vs building pixels of the label polygons (xView2 localisation F1), counts pooled over the tiles.",
     )
-    add_model_args(v, required=True, help="exported localiser")
+    add_model_args(
+        v, help=f"exported localiser: {LOCALIZER_CHOICE} (default: the bundled localizer)"
+    )
     _split_args(v)
     v.add_argument("--fold", type=int, required=True, metavar="K", help="fold to score")
     v.add_argument("--threads", type=int, metavar="N", help="ONNX Runtime intra-op threads")
@@ -156,8 +166,11 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    model = args.model if args.model is not None else default_localizer()
+    if model is None:
+        raise ModelError("no --model given and no bundled localiser (models/localizer.onnx)")
     result = evaluate_model(
-        args.model,
+        model,
         args.xbd,
         args.fold,
         folds=args.folds,

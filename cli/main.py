@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from bench import adapt as bench_adapt
 from bench import alignment as bench_alignment
 from bench import fewshot as bench_fewshot
 from bench import flags as bench_flags
@@ -33,6 +34,7 @@ from cli import prepare as prepare_cli
 from cli import probe as probe_cli
 from cli import score as score_cli
 from cli import train as train_cli
+from cli.options import resolve_models
 from data_prep.errors import LocalDamageError
 from local_damage import __version__
 
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_flags.add_parser(bench_sub)
     bench_alignment.add_parser(bench_sub)
     bench_score.add_parser(bench_sub)
+    bench_adapt.add_parser(bench_sub)
     return parser
 
 
@@ -103,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(quiet=bool(getattr(args, "quiet", False)))
     try:
+        resolve_models(args)  # --model default, --localizer localizer: from any folder
         return int(args.func(args) or 0)
     except LocalDamageError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,8 +1,10 @@
 """Options shared by the commands, so one concept has one flag everywhere.
 
 - ``--xbd ROOT``: an xBD root (``images/`` and ``labels/``); ``--root`` is accepted as its alias.
-- ``--model MODEL.onnx``: an exported damage model; ``--chips CHIPS`` / ``--fold K``: a chip store
-  and one of its folds; ``--out``: where results go.
+- ``--model MODEL``: a damage model, by file or by the name of a bundled model (``default``), as
+  ``--localizer`` takes a localiser (``localizer``); :func:`resolve_models` turns names into
+  files for every command. ``--chips CHIPS`` / ``--fold K``: a chip store and one of its folds;
+  ``--out``: where results go.
 - ``--json`` (print the result as JSON) and ``--quiet`` (no progress bars, warnings only) on
   every command that reports.
 - ``--max-pixels``, ``--align``, ``--workers`` / ``--scheduler`` and the chip spec, each with
@@ -18,6 +20,14 @@ from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
 from data_prep.engine import SCHEDULER_ENV
 from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV, max_pixels
 from data_prep.spec import ChipSpec
+from runtime.registry import resolve_model
+
+#: What ``--model`` takes, said once for every command's help.
+MODEL_CHOICE = "a bundled model's name (default) or an .onnx file from `local-damage export`"
+#: What ``--localizer`` takes.
+LOCALIZER_CHOICE = (
+    "a bundled localiser's name (localizer) or an .onnx file from `local-damage localize export`"
+)
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -136,11 +146,37 @@ def add_xbd_args(
 def add_model_args(
     parser: argparse.ArgumentParser,
     required: bool = False,
-    help: str = "damage model from `local-damage export` (default: the bundled models/default.onnx)",
+    help: str = f"damage model: {MODEL_CHOICE} (default: the bundled default)",
     group=None,
 ) -> None:
-    """``--model MODEL.onnx``: an exported damage model."""
-    (group or parser).add_argument("--model", metavar="MODEL.onnx", required=required, help=help)
+    """``--model MODEL``: a damage model, by file or by bundled name (:func:`resolve_models`)."""
+    (group or parser).add_argument("--model", metavar="MODEL", required=required, help=help)
+
+
+def add_localizer_args(
+    parser: argparse.ArgumentParser,
+    help: str = f"building localiser: {LOCALIZER_CHOICE}",
+) -> None:
+    """``--localizer LOCALIZER``: a building localiser, by file or by bundled name."""
+    parser.add_argument("--localizer", metavar="LOCALIZER", help=help)
+
+
+#: Arguments that name a model, and what each holds (for the message when it is not found).
+MODEL_ARGUMENTS = {"model": "model", "localizer": "localiser model"}
+
+
+def resolve_models(args: argparse.Namespace) -> None:
+    """Turn the ``--model`` and ``--localizer`` of any command into files, in place: a path that
+    exists stays as given, a bundled model's name (``default``, ``localizer``) becomes its file
+    (:func:`runtime.registry.resolve_model`), from any working folder.
+
+    Raises:
+        ModelError: a value that is neither a file nor a model name (the message lists the names).
+    """
+    for attr, kind in MODEL_ARGUMENTS.items():
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and value:
+            setattr(args, attr, str(resolve_model(value, kind)))
 
 
 def add_chips_args(

@@ -17,7 +17,9 @@ from app.scoring.scene import score_scene
 from app.scoring.xbd import score_xbd
 from app.web.app import launch
 from cli.options import (
+    LOCALIZER_CHOICE,
     add_engine_arguments,
+    add_localizer_args,
     add_model_args,
     add_output_args,
     add_report_args,
@@ -83,12 +85,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _localizer_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--localizer PATH``: the localiser used when no footprints are given."""
-    parser.add_argument(
-        "--localizer",
-        metavar="ONNX",
-        help="building localiser used when no footprints are given (default: models/"
-        "localizer.onnx when present; see docs/localize.md)",
+    """Add ``--localizer``: the localiser used when no footprints are given."""
+    add_localizer_args(
+        parser,
+        help=f"building localiser used when no footprints are given: {LOCALIZER_CHOICE} "
+        "(default: the bundled localizer when present; see docs/localize.md)",
     )
 
 
@@ -381,7 +382,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_model_args(
-        web, help="model offered first (default: default.onnx of --models, else its first model)"
+        web,
+        help="model offered first: a bundled model's name (default) or an .onnx file (default: "
+        "default.onnx of --models, else its first model)",
     )
     web.add_argument(
         "--models",

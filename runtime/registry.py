@@ -2,7 +2,9 @@
 
 The project ships ``models/default.onnx`` (the damage model) and ``models/localizer.onnx`` (the
 building localiser). A command without ``--model`` uses ``./models`` when it holds models, else
-the bundled folder beside the packages.
+the bundled folder beside the packages. A command given a name instead of a file (``--model
+default``, ``--localizer localizer``) gets the model of that name from the same folders
+(:func:`resolve_model`), from any working folder.
 """
 
 from __future__ import annotations
@@ -68,3 +70,55 @@ def default_localizer(folder: str | os.PathLike | None = None) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def model_folders() -> list[Path]:
+    """Where a model name is looked up: ``./models``, then the project's bundled ``models/``."""
+    folders: list[Path] = []
+    for folder in (Path("models"), BUNDLED_MODELS):
+        if folder.is_dir() and all(folder.resolve() != f.resolve() for f in folders):
+            folders.append(folder)
+    return folders
+
+
+def model_names() -> list[str]:
+    """The names a command accepts for a model (the ``.onnx`` files of :func:`model_folders`,
+    damage models and localisers, without the suffix), sorted."""
+    return sorted(
+        {
+            p.stem
+            for folder in model_folders()
+            for p in folder.glob("*.onnx")
+            if p.is_file() and not p.name.startswith(".")
+        }
+    )
+
+
+def resolve_model(value: str | os.PathLike, kind: str = "model") -> Path:
+    """The model file a command was given: ``value`` itself when it exists, else the model of
+    that name (``default``, ``localizer``, with or without ``.onnx``, or as ``models/<name>.onnx``
+    as the docs write it) in ``./models`` or the project's bundled ``models/``, from any working
+    folder.
+
+    Args:
+        value: a path, or the name of a bundled model.
+        kind: what the model is, for the message (``model``, ``localiser model``).
+
+    Raises:
+        ModelError: neither a file nor a model name; the message lists the names there are.
+    """
+    path = Path(value)
+    if path.exists():
+        return path
+    if path.parent in (Path("."), Path("models")) and path.name:
+        stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
+        for folder in model_folders():
+            candidate = folder / f"{stem}.onnx"
+            if stem and candidate.is_file():
+                return candidate
+    names = model_names()
+    listed = ", ".join(names) if names else "none: the models/ folder holds no .onnx file"
+    raise ModelError(
+        f"{value}: {kind} file not found, and not the name of a bundled model (names: {listed}); "
+        "give the path of an .onnx file or one of those names"
+    )

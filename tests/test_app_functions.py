@@ -72,7 +72,11 @@ def test_assess_tile_xbd_outputs_agree(tile_result, xbd_tile):
             probs = [row["p_" + c.replace("-", "_")] for c in CLASS_NAMES]
             assert abs(sum(probs) - 1) < 1e-3 and row["confidence"] == pytest.approx(max(probs))
     with open(r.csv, newline="") as fh:
-        assert len(fh.read().strip().splitlines()) == n + 1
+        lines = fh.read().strip().splitlines()
+    assert len(lines) == n + 1
+    # the table (and its CSV) say where each building came from, as the scoring output does
+    assert {row["source"] for row in r.rows} == {"given"}
+    assert lines[0].split(",")[-1] == "source"
     overlay = cv2.imread(str(r.overlay))
     width = cv2.imread(str(pre)).shape[1]
     assert overlay.shape[1] == width and overlay.shape[0] > width  # legend band below
@@ -315,6 +319,47 @@ def test_card_and_cli_parser(score_model, tmp_path, capsys):
     bad = tmp_path / "bad.onnx"
     bad.write_text("nope")
     assert main(["app", "--model", str(bad)]) == 2
+
+
+def test_building_table_has_the_source_column(score_model, tmp_path):
+    """The table the app shows has the columns the rows carry, ``source`` among them."""
+    from app.web.app import build_app
+
+    blocks, _ = build_app(score_model.parent, str(score_model), work_dir=tmp_path / "work")
+    tables = [b for b in blocks.blocks.values() if getattr(b, "elem_id", None) == "buildings"]
+    assert len(tables) == 1
+    headers = list(tables[0].value["headers"])
+    assert headers[-3:] == ["flags", "status", "source"]
+
+
+def test_card_marks_test_figures_on_training_tiles(score_model, tmp_path):
+    """Test figures on tiles the model trained on are not called held-out (the bundled model's
+    are of the same recipe trained without them); on other tiles they are."""
+    import onnx
+    import pandas as pd
+
+    from app.web.app import card_markdown
+    from runtime.contract import read_metadata, save_onnx, set_metadata
+    from runtime.predictor import Predictor
+    from tests.conftest import REPO
+
+    bundled = card_markdown(Predictor(REPO / "models" / "default.onnx"))
+    line = next(x for x in bundled.splitlines() if "accuracy 0.8636" in x)
+    assert "in the model's training data" in line and "not held-out figures" in line
+    assert "on 26 tiles" in bundled
+
+    splits = pd.read_csv(score_model.parent / "chips" / "splits.csv", dtype={"tile": str})
+    held_out = sorted(set(splits.loc[splits["fold"] == 0, "tile"]))
+    trained = sorted(set(splits.loc[splits["fold"] != 0, "tile"]))
+    for tiles, marked in ((held_out, False), (trained, True)):
+        proto = onnx.load(str(score_model))
+        figures = {"accuracy": 0.5, "macro_f1": 0.4, "n": 9, "tiles": tiles, "source": "m.json"}
+        set_metadata(proto, {"test_metrics": figures})
+        model = save_onnx(proto, tmp_path / f"tested-{marked}.onnx")
+        assert read_metadata(onnx.load(str(model)))["test_metrics"]["tiles"] == tiles
+        line = next(x for x in card_markdown(Predictor(model)).splitlines() if "0.4000" in x)
+        assert ("in the model's training data**" in line) == marked
+        assert line.startswith("- held-out test") != marked
 
 
 def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):

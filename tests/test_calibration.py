@@ -312,7 +312,7 @@ def test_calibrate_errors_name_the_file(score_model, chips, tmp_path, capsys):
     missing = tmp_path / "missing.onnx"
     args = ["calibrate", "--model", str(missing), "--chips", str(chips), "--out", str(out)]
     assert main(args) == 2
-    assert f"{missing}: ONNX model not found" in capsys.readouterr().err
+    assert f"{missing}: model file not found" in capsys.readouterr().err
     assert main([*base[:-3], "--out", str(tmp_path / "x.txt"), "--chips", str(chips)]) == 2
     assert "must end in .onnx" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "x.txt").exists()

@@ -423,6 +423,7 @@ def test_app_assesses_a_tile_without_footprints(loc, rect_scene, tmp_path):
         assert all(r["uid"].startswith("detected-") for r in result.rows)
         assert "detected" in result.summary()
         assert set(_read(result.vector)["source"]) == {"detected"}
+        assert {r["source"] for r in result.rows} == {"detected"}  # the app's table says so too
         pre_chip, post_chip = building_chips(predictor, result.session, 0)
         assert pre_chip.shape == post_chip.shape == (*(predictor.spec.chip_size,) * 2, 3)
         assert save_correction(result.session, 0, "destroyed").is_file()

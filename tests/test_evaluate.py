@@ -56,6 +56,11 @@ def _fold_ids(store: Path, fold: int) -> set[str]:
     return set(splits.loc[splits["fold"] == fold, "chip_id"])
 
 
+def _fold_tiles(store: Path, fold: int) -> list[str]:
+    splits = pd.read_csv(store / "splits.csv", dtype={"tile": str})
+    return sorted(set(splits.loc[splits["fold"] == fold, "tile"]))
+
+
 def _manifest(store: Path) -> pd.DataFrame:
     return pd.read_csv(store / "manifest.csv", dtype={"chip_id": str}, keep_default_na=False)
 
@@ -88,7 +93,12 @@ def test_evaluate_run_on_its_validation_fold(run, store, tmp_path, capsys):
         "input_size": 32,
         "selection": f"fold 0 of {store / 'splits.csv'}",
         "unlabelled_left_out": 0,
+        "tiles": _fold_tiles(store, 0),
     }
+    # the validation fold holds none of the run's training tiles: nothing is marked
+    assert metrics["training_data"]["known"] is True
+    assert metrics["training_data"]["chips_in_training"] == 0
+    assert "none of these" in printed and "*" not in printed
 
     # predictions.csv: one row per chip of the fold, consistent with metrics.json
     preds = _predictions(out)
@@ -134,6 +144,33 @@ def test_evaluate_run_on_its_validation_fold(run, store, tmp_path, capsys):
     for figure in ("confusion_matrix.png", "tsne_z.png", "tsne_e_post.png"):
         assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
     assert "macro-F1" in printed and "SAA" in printed and "destroyed" in printed
+
+
+def test_chips_on_training_tiles_are_marked(run, store, tmp_path, capsys):
+    """Every chip of the store: the run trained on folds 1 and 2, so the rows are in-sample,
+    marked, and the figures of fold 0 alone are given apart."""
+    out = tmp_path / "all"
+    args = ["evaluate", "--run", str(run), "--chips", str(store), "--out", str(out)]
+    assert main([*args, "--views", "1", "--no-tsne", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    block = metrics["training_data"]
+    trained = sorted(set(_fold_tiles(store, 1) + _fold_tiles(store, 2)))
+    assert block["tiles_in_training"] == trained
+    in_training = len(_fold_ids(store, 1) | _fold_ids(store, 2))
+    assert block["chips_in_training"] == in_training and block["n"] == metrics["n"]
+    assert block["held_out"]["n"] == metrics["n"] - in_training
+    rows = [line for line in printed.splitlines() if line.startswith(tuple(CLASS_NAMES))]
+    assert len(rows) == len(CLASS_NAMES) and all(row.endswith(" *") for row in rows)
+    assert f"in the model's training data: {in_training} of {metrics['n']} buildings" in printed
+    held = metrics["training_data"]["held_out"]
+    assert f"held-out tiles only ({held['n']} buildings" in printed
+    # the held-out figures are those of evaluating fold 0 alone
+    fold0 = tmp_path / "fold0"
+    assert main([*args[:-2], "--fold", "0", "--out", str(fold0), "--views", "1", "--no-tsne"]) == 0
+    alone = json.loads((fold0 / "metrics.json").read_text())
+    assert held["accuracy"] == pytest.approx(alone["accuracy"])
+    assert held["macro_f1"] == pytest.approx(alone["macro_f1"])
 
 
 def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
@@ -253,6 +290,10 @@ def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     assert main([*args, "--out", str(out), "--quiet"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["source"]["model"] == str(model) and metrics["source"]["fold"] == 0
+    # the exported model lists the run's training tiles, so evaluate knows them too
+    summary = json.loads((run / "summary.json").read_text())
+    assert OnnxScorer(model).training_tiles.tiles == frozenset(summary["train_tiles"])
+    assert metrics["training_data"]["known"] and metrics["training_data"]["chips_in_training"] == 0
     assert "saa" in metrics["representation"]
     preds = _predictions(out)
     assert set(preds["chip_id"]) == _fold_ids(store, 0)

@@ -205,8 +205,10 @@ def test_both_modes_with_a_localiser(tmp_path, synthetic_xbd, score_model, monke
     monkeypatch.setattr(ev, "load_localizer", lambda path: object())
     monkeypatch.setattr(ev, "detect_buildings", half)
     out = tmp_path / "out"
+    stand_in = tmp_path / "loc.onnx"
+    stand_in.write_bytes(b"")  # a file, as --localizer must name; never opened here
     args = ["evaluate", "xview2", "--root", str(synthetic_xbd), "--model", str(score_model)]
-    assert main([*args, "--localizer", "loc.onnx", "--out", str(out), "--quiet"]) == 0
+    assert main([*args, "--localizer", str(stand_in), "--out", str(out), "--quiet"]) == 0
     assert "detected (3 tiles" in capsys.readouterr().out
     m = json.loads((out / "metrics.json").read_text())
     given, detected = m["modes"]["given"], m["modes"]["detected"]
@@ -217,7 +219,7 @@ def test_both_modes_with_a_localiser(tmp_path, synthetic_xbd, score_model, monke
         g = given["damage"][name]
         assert d["tp"] <= g["tp"] and d["fp"] <= g["fp"]
         assert d["tp"] + d["fn"] == g["tp"] + g["fn"]
-    assert m["source"]["localizer"] == "loc.onnx"
+    assert m["source"]["localizer"] == str(stand_in)
 
 
 def test_detected_with_the_localiser_runtime(tmp_path, synthetic_xbd, score_model):
@@ -258,7 +260,7 @@ def test_clear_errors(tmp_path, synthetic_xbd, score_model, capsys):
     assert "no fold 7" in error(*root, *model, "--fold", "7", "--chips", str(_store(tmp_path)))
     assert "not found: nope_00000001" in error(*root, *model, "--tiles", "nope_00000001")
     err = error(*root, *model, "--localizer", str(tmp_path / "loc.onnx"))
-    assert "localiser model not found" in err
+    assert "loc.onnx: localiser model file not found" in err
     # a tile whose label is missing
     unlabelled = tmp_path / "unlabelled"
     shutil.copytree(synthetic_xbd / "images", unlabelled / "images")
@@ -275,3 +277,123 @@ def _store(tmp_path: Path) -> Path:
     chips.mkdir(exist_ok=True)
     (chips / "splits.csv").write_text("chip_id,tile,event,fold\nx:1,x,e,0\n")
     return chips
+
+
+# ------------------------------------------------------------- the model's training tiles
+
+
+def _tiles_by_training(score_model: Path) -> tuple[list[str], list[str]]:
+    """``(trained, held_out)`` tiles of the synthetic xBD root for the test model, from the
+    splits of the store it was trained on (validation fold 0), not from its metadata."""
+    import pandas as pd
+
+    splits = pd.read_csv(score_model.parent / "chips" / "splits.csv", dtype={"tile": str})
+    trained = sorted(set(splits.loc[splits["fold"] != 0, "tile"]))
+    held_out = sorted(set(splits.loc[splits["fold"] == 0, "tile"]))
+    assert trained and held_out
+    return trained, held_out
+
+
+def test_export_records_the_training_tiles(score_model):
+    from runtime.predictor import Predictor
+
+    trained, _ = _tiles_by_training(score_model)
+    info = Predictor(score_model).metadata["training_data"]
+    assert info["train_tiles"] == trained
+    assert info["validation_fold"] == 0
+
+
+def test_training_tiles_are_marked_and_kept_from_published_figures(
+    tmp_path, synthetic_xbd, score_model, capsys
+):
+    trained, held_out = _tiles_by_training(score_model)
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(score_model)]
+
+    # tiles the model trained on: the row is marked, no published row beside it
+    assert main([*args, "--tiles", *trained, "--out", str(tmp_path / "in"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("given ("))
+    assert "graded) *" in row
+    assert "in the model's training data" in printed
+    assert "MambaBDA" not in printed and "xView2 baseline" not in printed
+    assert "published figures left out" in printed
+    m = json.loads((tmp_path / "in" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["tiles_in_training"] == trained
+    assert [r["modes"]["given"]["in_training_data"] for r in m["tiles"]] == [True] * len(trained)
+    assert m["held_out"] == {}
+
+    # held-out tiles: not marked, and compared with the published figures
+    assert main([*args, "--tiles", *held_out, "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("given ("))
+    assert "*" not in row and "MambaBDA" in printed
+    assert f"none of the {len(held_out)} tiles is in the model's training data" in printed
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["tiles_in_training"] == []
+    assert {r["modes"]["given"]["in_training_data"] for r in m["tiles"]} == {False}
+
+
+def test_a_mix_gives_the_held_out_tiles_apart(tmp_path, synthetic_xbd, score_model, capsys):
+    trained, held_out = _tiles_by_training(score_model)
+    out = tmp_path / "mix"
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(score_model)]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    pooled = next(line for line in printed if line.startswith("given ("))
+    apart = next(line for line in printed if line.startswith("given, held-out tiles only"))
+    assert "*" in pooled and "*" not in apart
+    assert any(line.startswith("MambaBDA") for line in printed)
+    assert any("published rows compare with the unmarked rows only" in line for line in printed)
+    m = json.loads((out / "metrics.json").read_text())
+    # the held-out row is the pooled counts of the held-out tiles alone
+    pooled_counts = XView2Counts()
+    for row in m["tiles"]:
+        if row["tile"] in held_out:
+            one = XView2Counts()
+            one.loc = np.array(row["modes"]["given"]["localization"])
+            one.damage = np.array(row["modes"]["given"]["damage"])
+            one.tiles = 1
+            pooled_counts += one
+    h = m["held_out"]["given"]
+    assert h["tiles"] == len(held_out)
+    assert h["damage_f1"] == pytest.approx(pooled_counts.scores()["damage_f1"])
+    assert f"{h['damage_f1']:.3f}" in apart
+
+
+def test_unknown_training_tiles_are_said(tmp_path, synthetic_xbd, score_model, capsys):
+    import onnx
+
+    from runtime.contract import read_metadata, save_onnx, set_metadata
+
+    proto = onnx.load(str(score_model))
+    info = read_metadata(proto)["training_data"]
+    info = {k: v for k, v in info.items() if k not in ("train_tiles", "chips")}
+    set_metadata(proto, {"training_data": info})
+    model = save_onnx(proto, tmp_path / "old.onnx")
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(model)]
+    assert main([*args, "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "training tiles unknown" in printed and "does not list its training tiles" in printed
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["known"] is False
+    assert {r["modes"]["given"]["in_training_data"] for r in m["tiles"]} == {None}
+
+
+def test_an_adapted_models_labels_count_as_training_data(
+    tmp_path, synthetic_xbd, score_model, capsys
+):
+    """Adapted to the labels of the held-out fold, the model has trained on those tiles too."""
+    from runtime.predictor import Predictor
+
+    _, held_out = _tiles_by_training(score_model)
+    adapted = tmp_path / "adapted.onnx"
+    chips = score_model.parent / "chips"
+    adapt = ["adapt", "--model", str(score_model), "--chips", str(chips), "--fold", "0"]
+    assert main([*adapt, "--out", str(adapted), "--quiet"]) == 0
+    assert Predictor(adapted).metadata["adaptation"]["labels"]["tiles"] == held_out
+    args = ["evaluate", "xview2", "--xbd", str(synthetic_xbd), "--model", str(adapted)]
+    assert main([*args, "--tiles", *held_out, "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "graded) *" in printed and "MambaBDA" not in printed
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["training_data"]["given"]["tiles_in_training"] == held_out

@@ -267,7 +267,9 @@ def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
     assert card["test_metrics"]["n"] == metrics["n"]
     assert set(card["test_metrics"]["f1"]) == set(metrics["per_class"])
     text = card_markdown(Predictor(model))
-    assert f"held-out test ({metrics['n']} buildings)" in text
+    # evaluated on the validation fold: none of its tiles is a training tile
+    tiles = len(metrics["source"]["tiles"])
+    assert f"held-out test ({metrics['n']} buildings, {tiles} tiles, none in the model's" in text
     assert f"macro-F1 {metrics['macro_f1']:.4f}" in text
 
     with pytest.raises(ExportError, match="not found"):

@@ -509,10 +509,12 @@ def test_empty_and_outside_footprints(tmp_path, synthetic_scene, score_model, ca
 
 
 def test_bad_output_names_are_refused_before_work(tmp_path, synthetic_scene, capsys):
-    rc = run_cli(*_score_argv(synthetic_scene, tmp_path / "absent.onnx", tmp_path / "o.shp"))
+    unread = tmp_path / "unread.onnx"  # never opened: the outputs are refused first
+    unread.write_text("not a model")
+    rc = run_cli(*_score_argv(synthetic_scene, unread, tmp_path / "o.shp"))
     assert rc == 2
     assert ".geojson or .gpkg" in capsys.readouterr().err
-    argv = _score_argv(synthetic_scene, tmp_path / "absent.onnx", tmp_path / "o.geojson")
+    argv = _score_argv(synthetic_scene, unread, tmp_path / "o.geojson")
     rc = run_cli(*argv, "--overlay", tmp_path / "o.jpg")
     assert rc == 2
     assert "PNG" in capsys.readouterr().err

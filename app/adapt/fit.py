@@ -85,12 +85,30 @@ def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mu, np.where(sd > 1e-6, sd, 1.0)
 
 
-def _fit_logistic(x: np.ndarray, y: np.ndarray, classes: list[int], c: float):
-    """``(W, b)`` over ``classes`` of a multinomial logistic regression on raw features."""
+def _fit_logistic(
+    x: np.ndarray,
+    y: np.ndarray,
+    classes: list[int],
+    c: float,
+    start: tuple[np.ndarray, np.ndarray] | None = None,
+):
+    """``(W, b)`` over ``classes`` of a multinomial logistic regression on raw features.
+
+    ``start``: ``(W, b)`` over the same ``classes`` (raw features) the solver starts from, e.g.
+    the fit on every label for a cross-validation fold that leaves out a few of them. The
+    problem is convex with one minimum, so the start changes only how fast the solver gets
+    there (and where, within its tolerance).
+    """
     from sklearn.linear_model import LogisticRegression
 
     mu, sd = _standardise(x)
-    model = LogisticRegression(C=c, max_iter=500)
+    model = LogisticRegression(C=c, max_iter=500, warm_start=start is not None)
+    if start is not None:  # raw features -> standardised: W x + b = (W sd) (x - mu) / sd + W mu + b
+        w0, b0 = start
+        coef, icpt = w0 * sd, b0 + w0 @ mu
+        if len(classes) == 2:  # binary: one row, the second class's logit against the first
+            coef, icpt = coef[1:] - coef[:1], icpt[1:] - icpt[:1]
+        model.coef_, model.intercept_ = coef, icpt
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.fit((x - mu) / sd, y)
@@ -153,6 +171,7 @@ def fit_head(
     base_prototypes: Mapping[int, np.ndarray] | None = None,
     c: float = LOGISTIC_C,
     unlabelled: str = "discount",
+    start: Head | None = None,
 ) -> Head:
     """Fit one head to labelled buildings.
 
@@ -166,6 +185,10 @@ def fit_head(
         base_prototypes: class id -> ``[D]`` base prototype (the model's ``ood`` block).
         c: inverse regularisation strength of the logistic heads.
         unlabelled: one of :data:`UNLABELLED_RULES`.
+        start: a head of the same method fitted on nearly the same labels (a cross-validation
+            fold starts from the fit on all of them): the logistic heads' solver starts there
+            when it scores the same classes. The fitted head does not depend on it beyond the
+            solver's tolerance.
     """
     check_rule(unlabelled)
     if method not in METHODS:
@@ -196,7 +219,10 @@ def fit_head(
         head.weights[:, :d] = scale * p
         return head
     cols = slice(0, d) if method == "logistic" else slice(0, d + nl)
-    w, b = _fit_logistic(x[:, cols], y, classes, c)
+    begin = None
+    if start is not None and start.method == method and list(start.classes) == classes:
+        begin = (start.weights[:, cols], start.bias)
+    w, b = _fit_logistic(x[:, cols], y, classes, c, begin)
     head.weights[:, cols] = w
     head.bias[:] = b
     return head
@@ -277,6 +303,7 @@ def adapt_head(
     import scipy.optimize  # noqa: F401  (imports are not fitting time)
     import sklearn.linear_model  # noqa: F401
     import sklearn.model_selection  # noqa: F401
+    from threadpoolctl import threadpool_limits
 
     start = time.perf_counter()
     lo = np.asarray(raw_logits, dtype=np.float64)
@@ -320,23 +347,32 @@ def adapt_head(
         )
     scheme, folds = _splits(y, seed)
     candidates: dict[str, dict[str, float]] = {}
-    for method in methods:
-        oof = np.zeros((len(y), k))
-        for train, test in folds:
-            head = fit_head(
-                method,
-                lo[train],
-                z[train],
-                y[train],
-                k,
-                base_temperature,
-                base_prototypes,
-                unlabelled=unlabelled,
+    fitted: dict[str, Head] = {}
+    # Hundreds of tiny fits: BLAS threads cost far more than they give on them (on 2 busy cores,
+    # 40 labels took 10-30 times as long with them), so the fits run on one thread.
+    with threadpool_limits(limits=1):
+        for method in methods:
+            # on every label: the head kept if this method wins, and where each fold starts
+            fitted[method] = fit_head(
+                method, lo, z, y, k, base_temperature, base_prototypes, unlabelled=unlabelled
             )
-            oof[test] = head.log_probabilities(lo[test], z[test])
-        candidates[method] = _metrics(oof, y)
+            oof = np.zeros((len(y), k))
+            for train, test in folds:
+                head = fit_head(
+                    method,
+                    lo[train],
+                    z[train],
+                    y[train],
+                    k,
+                    base_temperature,
+                    base_prototypes,
+                    unlabelled=unlabelled,
+                    start=fitted[method],
+                )
+                oof[test] = head.log_probabilities(lo[test], z[test])
+            candidates[method] = _metrics(oof, y)
     best = min(methods, key=lambda m: (candidates[m]["nll"], methods.index(m)))
-    head = fit_head(best, lo, z, y, k, base_temperature, base_prototypes, unlabelled=unlabelled)
+    head = fitted[best]
     seconds = time.perf_counter() - start
     train = {
         "chosen": _metrics(head.log_probabilities(lo, z), y),

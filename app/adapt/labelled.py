@@ -104,13 +104,17 @@ class Buildings:
         )
 
     def counts(self, class_names: Sequence[str]) -> dict[str, object]:
-        """``n``, ``per_class``, ``events`` of the labelled buildings, and ``sources``."""
+        """``n``, ``per_class``, ``events`` and ``tiles`` (the ``<tile>`` of each ``<tile>:<uid>``
+        id: a chip store's tile, an xBD tile, a scene) of the labelled buildings, and
+        ``sources``."""
         lab = self.labels[self.labelled]
         ev = [e for e, ok in zip(self.events, self.labelled, strict=True) if ok]
+        ids = [i for i, ok in zip(self.ids, self.labelled, strict=True) if ok]
         return {
             "n": int(len(lab)),
             "per_class": {n: int(np.sum(lab == i)) for i, n in enumerate(class_names)},
             "events": dict(Counter(ev)),
+            "tiles": sorted({str(i).partition(":")[0] for i in ids}),
             "sources": list(self.sources),
         }
 

@@ -20,6 +20,12 @@ precision / recall / F1 and pixel counts, and every tile's counts), ``given/`` (
 raster (``<tile>.tif``), and with ``--pngs`` the scorer's own input layout under ``xview2/``
 (``targets/test_{localization,damage}_NNNNN_target.png`` and ``predictions_<mode>/...``), so the
 challenge's ``xview2_metrics.py`` can be run on the same rasters.
+
+Tiles the model was trained on (:mod:`runtime.training_tiles`; for the detected footprints, the
+localiser's too) give in-sample figures: every such tile is marked in ``metrics.json``, a row
+pooled over any of them is marked "in the model's training data" in the table, the figures of
+the other tiles are given apart, and the published test-set figures are printed only beside
+rows of tiles the models never trained on.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from data_prep.xbd_tiles import find_tiles
 from data_prep.xview2 import XView2Counts, xview2_targets
 from runtime.localizer import Localizer
 from runtime.predictor import Predictor
+from runtime.training_tiles import IN_TRAINING, NOT_COMPARABLE, TrainingTiles, training_tiles
 
 if TYPE_CHECKING:
     from data_prep.xbd_tiles import XbdTile
@@ -329,8 +336,14 @@ def evaluate_xview2(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     modes = ["given"] + (["detected"] if loc_model is not None else [])
+    trained = {"given": training_tiles(predictor.metadata, "damage model")}
+    if loc_model is not None:
+        localiser = training_tiles(getattr(loc_model, "metadata", {}), "localiser")
+        trained["detected"] = trained["given"].union(localiser)
     counts = {m: XView2Counts() for m in modes}
     totals = {m: {"buildings": 0, "graded": 0} for m in modes}
+    held = {m: XView2Counts() for m in modes}  # the tiles no model of the mode trained on
+    held_totals = {m: {"buildings": 0, "graded": 0} for m in modes}
     per_tile: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     target_info = {"buildings": 0, "unclassified": 0, "skipped": 0}
@@ -362,11 +375,17 @@ def evaluate_xview2(
             counts[mode] += tile_counts
             totals[mode]["buildings"] += result.buildings
             totals[mode]["graded"] += result.graded
+            inside = trained[mode].among([tile.name])
+            if inside == []:
+                held[mode] += tile_counts
+                held_totals[mode]["buildings"] += result.buildings
+                held_totals[mode]["graded"] += result.graded
             row["modes"][mode] = {
                 "buildings": result.buildings,
                 "graded": result.graded,
                 "localization": tile_counts.loc.tolist(),
                 "damage": tile_counts.damage.tolist(),
+                "in_training_data": None if inside is None else bool(inside),
             }
             if pngs:
                 base = out / "xview2" / f"predictions_{mode}"
@@ -383,8 +402,15 @@ def evaluate_xview2(
     if not per_tile:
         reasons = "; ".join(f"{f['tile']}: {f['reason']}" for f in failed[:3])
         raise XView2EvaluationError(f"no tile could be scored ({reasons})")
+    scored = [row["tile"] for row in per_tile]
     metrics: dict[str, Any] = {
         "modes": {m: {**counts[m].scores(), **totals[m]} for m in modes},
+        "training_data": {m: _overlap(trained[m], scored) for m in modes},
+        "held_out": {
+            m: {**held[m].scores(), **held_totals[m]}
+            for m in modes
+            if 0 < held[m].tiles < len(scored)
+        },
         "selection": description,
         "tiles": per_tile,
         "failed": failed,
@@ -406,20 +432,74 @@ def evaluate_xview2(
     return metrics
 
 
+def _overlap(trained: TrainingTiles, tiles: Sequence[str]) -> dict[str, Any]:
+    """The ``training_data`` entry of one mode: what is known of the models' training tiles and
+    which of the scored ``tiles`` are among them."""
+    return {**trained.to_dict(), "tiles_in_training": trained.among(tiles)}
+
+
+def _row(name: str, m: dict[str, Any]) -> str:
+    f1s = "".join(f"{d['f1']:>7.3f}" for d in m["damage"].values())
+    return f"{name:<52}{m['localization_f1']:>8.3f}{m['damage_f1']:>8.3f}{m['score']:>9.3f}{f1s}"
+
+
 def format_table(metrics: dict[str, Any], published: bool = True) -> str:
-    """The xView2 figures as a plain-text table, one row per mode (and the published rows)."""
+    """The xView2 figures as a plain-text table, one row per mode, and the published rows.
+
+    A row pooled over tiles the models trained on is marked ``*`` (:data:`IN_TRAINING`), with a
+    row of the other tiles beneath it when there are some. The published test-set rows are
+    printed only when some row is of held-out tiles alone, and the lines under the table say
+    which rows they compare with; when the training tiles are unknown, the lines say so.
+    """
     head = (
-        f"{'footprints':<40}{'loc F1':>8}{'dmg F1':>8}{'overall':>9}"
+        f"{'footprints':<52}{'loc F1':>8}{'dmg F1':>8}{'overall':>9}"
         f"{'no':>7}{'minor':>7}{'major':>7}{'destr':>7}"
     )
-    lines = [head]
+    lines, notes = [head], []
+    comparable, unknown = False, []
     for mode, m in metrics["modes"].items():
-        f1s = "".join(f"{d['f1']:>7.3f}" for d in m["damage"].values())
+        overlap = (metrics.get("training_data") or {}).get(mode) or {}
+        inside = overlap.get("tiles_in_training")
         name = f"{mode} ({m['tiles']} tiles, {m['graded']}/{m['buildings']} graded)"
-        lines.append(
-            f"{name:<40}{m['localization_f1']:>8.3f}{m['damage_f1']:>8.3f}{m['score']:>9.3f}{f1s}"
-        )
-    if published:
+        if not overlap.get("known", False):
+            unknown.append(f"{mode}: {overlap.get('source', 'no record of them')}")
+            comparable = True
+            lines.append(_row(name, m))
+        elif not inside:
+            comparable = True
+            lines.append(_row(name, m))
+            notes.append(f"{mode}: none of the {m['tiles']} tiles is {IN_TRAINING}")
+        else:
+            lines.append(_row(name + " *", m))
+            notes.append(
+                f"* {mode}: {len(inside)} of {m['tiles']} tiles {IN_TRAINING} "
+                f"({', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''})"
+            )
+            h = (metrics.get("held_out") or {}).get(mode)
+            if h:
+                comparable = True
+                lines.append(
+                    _row(
+                        f"{mode}, held-out tiles only ({h['tiles']} tiles, "
+                        f"{h['graded']}/{h['buildings']} graded)",
+                        h,
+                    )
+                )
+    if published and comparable:
         for name, (lf1, df1, score) in PUBLISHED.items():
-            lines.append(f"{name:<40}{lf1:>8.3f}{df1:>8.3f}{score:>9.3f}")
-    return "\n".join(lines)
+            lines.append(f"{name:<52}{lf1:>8.3f}{df1:>8.3f}{score:>9.3f}")
+    if notes:
+        notes.append(
+            f"{NOT_COMPARABLE}; "
+            + (
+                "the published rows compare with the unmarked rows only"
+                if published and comparable
+                else "published figures left out"
+            )
+        )
+    for text in unknown:
+        notes.append(
+            f"training tiles unknown ({text}): the comparison with published figures holds only "
+            "if the models never trained on these tiles"
+        )
+    return "\n".join(lines + notes)

@@ -301,6 +301,8 @@ def _table_rows(vector: Path, class_names: tuple[str, ...]) -> list[dict[str, An
         flags = columns.get("flags")
         row["flags"] = "" if flags is None or flags[i] is None else str(flags[i])
         row["status"] = str(columns["status"][i])
+        # given (uploaded footprints) or detected (by the localiser), as in the scoring output
+        row["source"] = str(columns["source"][i]) if "source" in columns else "given"
         rows.append(row)
     return rows
 

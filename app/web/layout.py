@@ -144,7 +144,7 @@ def tile_tab(examples: list[list[str]]) -> TileTab:
         table_out = gr.Dataframe(
             headers=["#", "uid", "damage", "confidence"]
             + probability_columns(class_names)
-            + ["flags", "status"],
+            + ["flags", "status", "source"],
             label="Buildings (click a row for its chips; click a header to sort)",
             interactive=False,
             elem_id="buildings",

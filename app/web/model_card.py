@@ -1,6 +1,9 @@
 """The model card the web app shows beside its model picker, as Markdown: classes, training
 data, validation and held-out test metrics, calibration, the ``ood`` flag and the adaptation to a
-new event (:meth:`runtime.predictor.Predictor.card`)."""
+new event (:meth:`runtime.predictor.Predictor.card`).
+
+Test figures measured on tiles the model was trained on (:mod:`runtime.training_tiles`) are
+marked "in the model's training data" and not called held-out."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from app.adapt.model import unlabelled_text
+from runtime.training_tiles import IN_TRAINING, TrainingTiles, training_tiles
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -17,24 +21,20 @@ def card_markdown(predictor: Predictor) -> str:
     """A model card as Markdown: classes, training data, validation and test metrics,
     calibration, licence."""
     card = predictor.card()
+    trained = training_tiles(predictor.metadata)
     lines = [
         f"**{card['name']}** ({card.get('encoder') or '?'}, {card.get('method') or '?'}, "
         f"{card['precision']}, {card['input_size']} px input, {card['size_mb']} MB)",
         "",
         f"- classes: {', '.join(card['classes'])}",
-        f"- training data: {_training_text(card.get('training_data'))}",
+        f"- training data: {_training_text(card.get('training_data'), trained)}",
         f"- licence: {_text(card.get('license'))}",
         f"- change map (heatmap): {'yes' if predictor.has_change_map else 'no'}",
         f"- validation: {_validation_text(card.get('validation_metrics'))}",
     ]
     tested = card.get("test_metrics")
     if isinstance(tested, dict):
-        f1 = tested.get("f1") or {}
-        lines.append(
-            f"- held-out test ({tested.get('n', '?')} buildings): accuracy "
-            f"{_text(tested.get('accuracy'))}, macro-F1 {_text(tested.get('macro_f1'))}"
-            + (", F1 " + ", ".join(f"{k} {_text(v)}" for k, v in f1.items()) if f1 else "")
-        )
+        lines.append(_test_text(tested, trained))
     lines.append(f"- calibration: {_calibration_text(card.get('calibration'))}")
     lines.append(f"- ood flag: {_ood_text(card.get('ood'))}")
     lines.append(f"- adapted to a new event: {_adaptation_text(card.get('adaptation'))}")
@@ -100,17 +100,43 @@ def _calibration_text(block: Any) -> str:
     return text
 
 
-def _training_text(info: Any) -> str:
+def _test_text(tested: dict[str, Any], trained: TrainingTiles) -> str:
+    """The test figures' line: held-out when none of their tiles is a training tile, marked
+    :data:`IN_TRAINING` when some are, and saying so when that cannot be told."""
+    f1 = tested.get("f1") or {}
+    figures = (
+        f"accuracy {_text(tested.get('accuracy'))}, macro-F1 {_text(tested.get('macro_f1'))}"
+        + (", F1 " + ", ".join(f"{k} {_text(v)}" for k, v in f1.items()) if f1 else "")
+    )
+    tiles = tested.get("tiles")
+    inside = trained.among(tiles) if isinstance(tiles, list) else None
+    n = f"{tested.get('n', '?')} buildings" + (f", {len(tiles)} tiles" if tiles else "")
+    if inside:
+        return (
+            f"- test figures ({n}), **{IN_TRAINING}** ({len(inside)} of {len(tiles)} tiles): not "
+            f"held-out figures of this model (from {_text(tested.get('source'))}): {figures}"
+        )
+    if inside is None:
+        why = "its test tiles are not recorded" if not tiles else trained.source
+        return f"- test ({n}; whether the model trained on them is unknown: {why}): {figures}"
+    return f"- held-out test ({n}, none {IN_TRAINING}): {figures}"
+
+
+def _training_text(info: Any, trained: TrainingTiles) -> str:
     if not isinstance(info, dict):
         return _text(info)
     events = info.get("events") or []
     text = f"{info.get('source', 'unknown')}"
     if info.get("train_chips") is not None:
         text += f", {info['train_chips']} training buildings"
+    if trained.tiles is not None:
+        text += f" on {len(trained.tiles)} tiles"
     if events:
         text += f" from {len(events)} event(s): {', '.join(map(str, events))}"
     if info.get("credit"):
         text += f" ({info['credit']})"
+    if trained.tiles is None:
+        text += f"; training tiles unknown ({trained.source})"
     return text
 
 

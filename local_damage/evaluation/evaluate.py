@@ -21,6 +21,10 @@ The calibration block holds the ECE (15 bins), NLL and Brier score of the softma
 logits (``before``) and, for an ONNX model calibrated by ``local-damage calibrate``, of the
 probabilities with its temperature applied (``after``; :mod:`local_damage.metrics.calibration`).
 
+The ``training_data`` block says which of the evaluated chips lie on tiles the model was trained
+on (:mod:`runtime.training_tiles`): figures on them are in-sample, and the printed summary marks
+them "in the model's training data" and gives the figures of the other tiles apart.
+
 The representation block follows Sec. 3.1 of the paper: CAC, CAD, GPU and the class-mean Gram
 matrix on ``z`` of the unaugmented chips; SAA and SAD between that view and a second view made
 with the training augmentation (seeded), when ``views == 2``. Chips whose ``z`` is the zero
@@ -56,6 +60,7 @@ from local_damage.metrics import (
     unit_rows,
 )
 from runtime.predictor import softmax
+from runtime.training_tiles import IN_TRAINING, NOT_COMPARABLE, TrainingTiles
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +152,9 @@ def evaluate(
     metrics = classification_metrics(scored.labels, scored.predictions, names)
     metrics["calibration"], reliability = calibration_report(scored, scorer.temperature)
     metrics["per_event"] = per_event_metrics(chips, scored, names)
+    tiles = read_manifest(chips).set_index("chip_id").loc[list(scored.chip_ids), "tile"]
+    tiles = tiles.astype(str).to_numpy()
+    metrics["training_data"] = training_overlap(scorer.training_tiles, tiles, scored, names)
     z, valid = unit_rows(scored.z)
     z2 = None
     if views == 2 and scored.z_view2 is not None:
@@ -161,6 +169,7 @@ def evaluate(
     metrics["representation"] = representation
     metrics["views"] = views
     metrics["source"] = {**scorer.source, "input_size": scorer.input_size, **(source or {})}
+    metrics["source"]["tiles"] = sorted(set(tiles))
 
     out.mkdir(parents=True, exist_ok=True)
     write_predictions(out / PREDICTIONS_CSV, scored, names)
@@ -229,6 +238,69 @@ def calibration_report(
     return block, curves
 
 
+def training_overlap(
+    trained: TrainingTiles, tiles: np.ndarray, scored: Scored, class_names: Sequence[str]
+) -> dict[str, Any]:
+    """Which evaluated chips lie on tiles the model was trained on (``tiles``: the tile of each
+    scored chip), and, when only some do, the figures of the others.
+
+    Returns:
+        ``known``, ``source`` and ``tiles`` (how many tiles the model lists) of
+        :meth:`~runtime.training_tiles.TrainingTiles.to_dict`, plus, when known,
+        ``tiles_evaluated``, ``tiles_in_training`` (their names), ``chips_in_training``, ``n``
+        and, for a mix, ``held_out``: ``n``, ``tiles``, accuracy, macro-F1 and xView2 damage F1
+        of the chips on the other tiles.
+    """
+    block = trained.to_dict()
+    inside = trained.among(tiles)
+    if inside is None:
+        return block
+    mask = np.isin(tiles, inside)
+    block.update(
+        tiles_evaluated=len(set(tiles)),
+        tiles_in_training=inside,
+        chips_in_training=int(mask.sum()),
+        n=len(tiles),
+    )
+    if mask.any() and not mask.all():
+        keep = ~mask
+        m = classification_metrics(scored.labels[keep], scored.predictions[keep], class_names)
+        block["held_out"] = {
+            "n": int(keep.sum()),
+            "tiles": len(set(tiles[keep])),
+            **{k: m[k] for k in ("accuracy", "macro_f1", "xview2_damage_f1")},
+        }
+    return block
+
+
+def training_lines(block: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """``(mark, lines)`` for a printed summary: the mark (``" *"``) its rows carry when some
+    chips lie on the model's training tiles, and the lines that say so (or that this is unknown)."""
+    if not block:
+        return "", []
+    if not block.get("known"):
+        return "", [
+            f"the model's training tiles are unknown ({block.get('source')}): these figures may "
+            "be in-sample"
+        ]
+    inside, n = block.get("chips_in_training", 0), block.get("n", 0)
+    tiles = len(block.get("tiles_in_training") or [])
+    if not inside:
+        return "", [f"none of these {block.get('tiles_evaluated')} tiles is {IN_TRAINING}"]
+    lines = [
+        f"* {IN_TRAINING}: {inside} of {n} buildings ({tiles} of {block.get('tiles_evaluated')} "
+        f"tiles); {NOT_COMPARABLE}"
+    ]
+    held = block.get("held_out")
+    if held:
+        lines.append(
+            f"held-out tiles only ({held['n']} buildings, {held['tiles']} tiles): accuracy "
+            f"{held['accuracy']:.4f}  macro-F1 {held['macro_f1']:.4f}  xView2 damage F1 "
+            f"{held['xview2_damage_f1']:.4f}"
+        )
+    return " *", lines
+
+
 def per_event_metrics(
     chips: str | Path, scored: Scored, class_names: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
@@ -272,16 +344,18 @@ def write_predictions(path: str | Path, scored: Scored, class_names: Sequence[st
 
 
 def format_summary(metrics: dict[str, Any]) -> str:
-    """A short plain-text table of a metrics dict: per-class scores, then the totals."""
+    """A short plain-text table of a metrics dict: per-class scores, then the totals; rows
+    computed on the model's training tiles are marked (:func:`training_lines`)."""
+    mark, trained = training_lines(metrics.get("training_data"))
     lines = [f"{'class':<14}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
     for name, row in metrics["per_class"].items():
         lines.append(
             f"{name:<14}{row['precision']:>10.4f}{row['recall']:>10.4f}{row['f1']:>10.4f}"
-            f"{row['support']:>10d}"
+            f"{row['support']:>10d}{mark}"
         )
     lines.append(
         f"n {metrics['n']}  accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}"
-        f"  xView2 damage F1 {metrics['xview2_damage_f1']:.4f}"
+        f"  xView2 damage F1 {metrics['xview2_damage_f1']:.4f}{mark}"
     )
     if metrics.get("absent_classes"):
         lines.append(f"absent (left out of macro-F1): {', '.join(metrics['absent_classes'])}")
@@ -298,7 +372,7 @@ def format_summary(metrics: dict[str, Any]) -> str:
             if cal.get("after")
             else "calibration (no temperature)"
         )
-        lines.append(f"{head}: {'  '.join(parts)}")
+        lines.append(f"{head}: {'  '.join(parts)}{mark}")
         floors = [cal[k].get("ece_floor") for k in ("before", "after") if cal.get(k)]
         if floors and all(floors):
             lines.append(
@@ -314,8 +388,8 @@ def format_summary(metrics: dict[str, Any]) -> str:
         ]
         if rep.get("max_offdiag_abs_cos") is not None:
             shown.append(f"max |cos| class means {rep['max_offdiag_abs_cos']:.4f}")
-        lines.append("representation: " + "  ".join(shown))
-    return "\n".join(lines)
+        lines.append("representation: " + "  ".join(shown) + mark)
+    return "\n".join(lines + trained)
 
 
 def evaluate_xbd(

@@ -21,6 +21,7 @@ from data_prep.errors import LocalDamageError
 from data_prep.spec import ChipSpec
 from data_prep.store import ChipReader, read_manifest
 from runtime.predictor import Predictor
+from runtime.training_tiles import TrainingTiles, training_tiles
 
 METRICS_JSON = "metrics.json"
 
@@ -72,6 +73,8 @@ class Scorer:
         input_size: side of the model input in pixels.
         temperature: the calibration temperature its probabilities are computed with; None when
             uncalibrated.
+        training_tiles: the tiles it was trained on (:mod:`runtime.training_tiles`), so that
+            figures computed on them are marked.
     """
 
     source: dict[str, str]
@@ -79,6 +82,7 @@ class Scorer:
     class_names: tuple[str, ...]
     input_size: int
     temperature: float | None = None
+    training_tiles: TrainingTiles = TrainingTiles(None, "the model's training tiles are unknown")
 
     def score(
         self,
@@ -140,6 +144,7 @@ class OnnxScorer(Scorer):
         self.class_names = tuple(self.predictor.class_names)
         self.input_size = int(self.predictor.input_size)
         self.temperature = self.predictor.temperature
+        self.training_tiles = training_tiles(self.predictor.metadata)
 
     def _predict(self, batches: Iterator[tuple], batch_size: int):
         labels, logits, probs, z = [], [], [], []

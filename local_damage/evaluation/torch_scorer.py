@@ -29,6 +29,7 @@ from local_damage.train import checkpoint as ckpt
 from local_damage.train.config import Config
 from local_damage.train.device import autocast_context, resolve_device
 from local_damage.train.loop import model_config_for
+from runtime.training_tiles import run_training_tiles
 
 
 class TorchScorer(Scorer):
@@ -56,6 +57,7 @@ class TorchScorer(Scorer):
         self.cfg = load_yaml(Config, config)
         self.run = run
         self.summary = read_summary(run)
+        self.training_tiles = run_training_tiles(self.summary, run)
         self.source = {"run": str(run)}
         spec = self.summary.get("chip_spec")
         self.spec = ChipSpec.from_dict(spec) if spec else None

@@ -25,6 +25,7 @@ Calibration is a separate step on the written model
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -50,6 +51,7 @@ from local_damage.export.parity import (
     variant_report,
 )
 from local_damage.export.provenance import (
+    run_tiles,
     summarize_test_metrics,
     training_data_info,
     validation_metrics,
@@ -57,6 +59,9 @@ from local_damage.export.provenance import (
 from local_damage.export.quantize import convert_fp16, quantize_int8
 from local_damage.export.run import load_run, resolve_chips
 from runtime.contract import CPU_ONLY, FORMAT_VERSION, open_session, save_onnx, set_metadata
+from runtime.training_tiles import IN_TRAINING
+
+log = logging.getLogger(__name__)
 
 
 class RunExport:
@@ -101,6 +106,11 @@ class RunExport:
             info.summary.get("events") or [],
             str(info.summary.get("chips") or store),
             info.summary.get("train_chips"),
+            run_tiles(info.summary, store, info.path),
+            {
+                "validation_fold": info.summary.get("fold"),
+                "holdout_fold": info.summary.get("holdout"),
+            },
         )
         props: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
@@ -119,6 +129,15 @@ class RunExport:
         }
         if self.tested is not None:
             props["test_metrics"] = self.tested
+            tested = set(self.tested.get("tiles") or [])
+            overlap = sorted(tested & set(training.get("train_tiles") or []))
+            if overlap:
+                log.warning(
+                    f"warning: {len(overlap)} of the {len(tested)} tiles of "
+                    f"{self.tested['source']} are {IN_TRAINING} ({', '.join(overlap[:3])}"
+                    f"{', ...' if len(overlap) > 3 else ''}): the model card will say they are "
+                    "not its held-out figures"
+                )
         return props
 
     def write(self, out: str | os.PathLike) -> dict[str, Any]:

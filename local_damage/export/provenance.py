@@ -1,6 +1,6 @@
-"""What a model file says about where it came from: training data and its licence, the run's
-validation figures and held-out test figures (metadata props ``training_data``, ``license``,
-``validation_metrics`` and ``test_metrics``)."""
+"""What a model file says about where it came from: training data (with the tiles trained on)
+and its licence, the run's validation figures and held-out test figures (metadata props
+``training_data``, ``license``, ``validation_metrics`` and ``test_metrics``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from local_damage.export.options import ExportError
+from runtime.training_tiles import run_training_tiles
 
 #: Attribution a model trained on xBD chips must carry, and its licence.
 XBD_CREDIT = "xBD (Gupta et al. 2019), CC BY-NC-SA 4.0"
@@ -27,7 +28,12 @@ def is_xbd_store(meta: Mapping[str, Any], events: Sequence[str]) -> bool:
 
 
 def training_data_info(
-    meta: Mapping[str, Any], events: Sequence[str], chips: str | None, train_chips: int | None
+    meta: Mapping[str, Any],
+    events: Sequence[str],
+    chips: str | None,
+    train_chips: int | None,
+    tiles: Sequence[str] | None = None,
+    folds: Mapping[str, int | None] | None = None,
 ) -> tuple[dict[str, Any], str | None]:
     """``(training_data, license)`` metadata of a model trained on a chip store.
 
@@ -36,10 +42,15 @@ def training_data_info(
         events: the events of the training chips.
         chips: the chip store path.
         train_chips: number of training chips.
+        tiles: the tiles trained on (:func:`run_tiles`), listed as ``train_tiles`` so that
+            every report can mark figures computed on them (:mod:`runtime.training_tiles`);
+            None when unknown (the key is then left out).
+        folds: ``validation_fold`` and ``holdout_fold`` of the run's splits.
 
     Returns:
-        The ``training_data`` dict (events, chips, source, train_chips, and ``credit`` for xBD)
-        and the licence the model must carry (``None`` when the data's terms are not known).
+        The ``training_data`` dict (events, chips, source, train_chips, train_tiles, the folds,
+        and ``credit`` for xBD) and the licence the model must carry (``None`` when the data's
+        terms are not known).
     """
     source = meta.get("source") or "unknown"
     if source == "xbd" and not is_xbd_store(meta, events):
@@ -50,12 +61,25 @@ def training_data_info(
         "chips": chips,
         "train_chips": train_chips,
     }
+    if tiles is not None:
+        info["train_tiles"] = sorted(map(str, tiles))
+    info.update({k: v for k, v in (folds or {}).items() if v is not None})
     licence = None
     if is_xbd_store(meta, events):
         info["source"] = "xBD"
         info["credit"] = XBD_CREDIT
         licence = XBD_LICENSE
     return info, licence
+
+
+def run_tiles(
+    summary: Mapping[str, Any], store: str | os.PathLike, run: str | os.PathLike
+) -> list[str] | None:
+    """The tiles a run trained on: its summary's ``train_tiles`` (runs of this version), else
+    the tiles of ``store``'s splits outside its validation and held-out folds; None when
+    neither can be known."""
+    found = run_training_tiles({**summary, "chips": str(store)}, run)
+    return sorted(found.tiles) if found.tiles is not None else None
 
 
 def validation_metrics(summary: Mapping[str, Any], metrics: Sequence[Mapping[str, str]]) -> dict:
@@ -92,11 +116,14 @@ def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
             f"{path}: no accuracy / macro_f1; expected `local-damage evaluate` output"
         )
     per_class = data.get("per_class") or {}
+    source = data.get("source") if isinstance(data.get("source"), dict) else {}
+    where = {k: source[k] for k in ("selection", "tiles") if source.get(k) is not None}
     return {
         "accuracy": data["accuracy"],
         "macro_f1": data["macro_f1"],
         "xview2_damage_f1": data.get("xview2_damage_f1"),
         "f1": {name: v.get("f1") for name, v in per_class.items() if isinstance(v, dict)},
         "n": data.get("n"),
+        **where,
         "source": str(path),
     }

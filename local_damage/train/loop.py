@@ -235,6 +235,8 @@ def run_summary(
         "chip_spec": read_meta(chips).get("spec"),
         "chips": str(chips),
         "events": sorted(set(train_set.frame["event"])),
+        # the tiles trained on, so that figures on them can be marked as in-sample later
+        "train_tiles": sorted(set(train_set.frame["tile"].astype(str))),
         "best_epoch": standing.best_epoch,
         "best_val_macro_f1": standing.best_score if loaders.val is not None else None,
         "fold": fold,
