@@ -15,11 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
-def run_cli(*argv: str) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
+from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")

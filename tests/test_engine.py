@@ -19,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.timeout(300)
 
 BIN = Path(sys.executable).parent
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
 
 
 def scene_folders(root: Path, s, n: int) -> Path:

@@ -17,15 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, shared_data
+from tests.conftest import REPO, run_cli, shared_data
 
 CLASS_COLOURS_TOL = 3  # grey levels of blending/rounding in the overlay
-
-
-def run_cli(*argv: str) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
 
 
 @pytest.fixture(scope="module")

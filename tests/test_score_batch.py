@@ -12,13 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
+from tests.conftest import REPO, run_cli
 
 
 def scene_folder(root: Path, name: str, s, buildings: Path | None = None) -> Path:
