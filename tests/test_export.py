@@ -154,10 +154,10 @@ def test_parity_with_pytorch_computed_independently(exported, tiny_run):
 
 #: Bounds on the int8 and fp16 exports of the tiny fixture run against its fp32 export, on its 11
 #: validation chips. Measured: largest logit difference 0.0031 (int8) and 5.2e-5 (fp16), argmax
-#: agreement 1.0 for both. The logits of this one-epoch model move little with the input: int8
-#: calibrated on blank chips differs by 0.013, and pre and post swapped by 0.015, so the logit
-#: bound is what tells a sound export from a broken one (agreement is loose: one chip of the 11
-#: may change class).
+#: agreement 1.0 for both. The logits of this one-epoch model move little with the input (int8
+#: calibrated on blank chips differs by 0.013; the fp16 model fed pre and post swapped, by 0.015),
+#: so the logit bound is what tells a sound export from a broken one; agreement is loose (one chip
+#: of the 11 may change class).
 LOW_PRECISION_BOUNDS = {"int8": (10 / 11, 0.01), "fp16": (10 / 11, 1e-3)}
 
 
