@@ -3,7 +3,9 @@ the tests that need them skip. Checked by running pytest on a small test file in
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -63,3 +65,32 @@ def test_ci_unset_by_its_usual_spellings(monkeypatch, value):
     assert not in_ci()
     monkeypatch.setenv("CI", "true")
     assert in_ci()
+
+
+HANGS = """
+import os
+
+
+def test_hangs_in_c_code():
+    os.system("sleep 40")  # C's system() waits for its child through any signal
+"""
+
+
+def test_a_hung_test_ends_the_run_as_a_failure(tmp_path):
+    """The suite's timeout (pyproject.toml) ends a run whose test hangs in C code, deaf to
+    signals, at once and as a failure; the limit is lowered to 2 s here, the method is the suite's
+    (with SIGALRM the run would wait for the C call to return)."""
+    (tmp_path / "test_hangs.py").write_text(HANGS)
+    argv = [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "-o", "timeout=2",
+            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_hangs.py")]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out = proc.communicate(timeout=30)[0]
+    finally:  # the sleep of the hung test, and the run if it still waits
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode != 0 and "Timeout" in out, out[-3000:]
