@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, shared_data
+from tests.conftest import REPO, missing, shared_data
 
 CLASSES = ("no-damage", "minor-damage", "major-damage", "destroyed")
 SIZE = 128
@@ -349,7 +349,7 @@ def test_bundled_localizer_on_a_heldout_tile():
 
     model_path = REPO / "models" / "localizer.onnx"
     if not model_path.is_file():
-        pytest.skip("models/localizer.onnx not present")
+        missing("models/localizer.onnx not present")
     root = shared_data("xbd_sample")
     tiles = find_mask_tiles(root)
     folds = tile_folds(tiles, 5, 14)
