@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -22,14 +24,33 @@ TINY_TRAIN = [
 ]
 
 
+def in_ci() -> bool:
+    """Whether the tests run in CI: ``CI`` set (``.ci/run`` sets ``CI=true``, as CI services do)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing(reason: str) -> NoReturn:
+    """Something a test needs is absent: the test fails in CI, where everything it needs must be
+    present, and skips with ``reason`` elsewhere."""
+    if in_ci():
+        pytest.fail(f"{reason}; CI is set, so this test must run", pytrace=False)
+    pytest.skip(reason)
+
+
 def shared_data(name: str) -> Path:
-    """Path of a real data set in ../shared/data, skipping the test when it is absent."""
+    """Path of a real data set in ../shared/data; when it is absent the test skips, or fails in
+    CI (:func:`missing`)."""
     path = SHARED_DATA / name
     if not path.exists():
-        pytest.skip(
-            f"real data {path} not present (it lives beside the repository in ../shared/data)"
-        )
+        missing(f"real data {path} not present (it lives beside the repository in ../shared/data)")
     return path
+
+
+def run_cli(*argv) -> int:
+    """``local-damage ARGV...`` run in this process (arguments turned to strings); its exit code."""
+    from cli.main import main
+
+    return main([str(a) for a in argv])
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ from data_prep.residual import (
     image_context_residual,
     residual_shift,
 )
-from tests.conftest import shared_data
+from tests.conftest import REPO, missing, run_cli, shared_data
 
 
 def _texture(size: int, seed: int = 0) -> np.ndarray:
@@ -224,12 +226,11 @@ def test_joplin_post_moved_through_its_transform(tmp_path):
     from app.scoring.scene import score_scene
     from data_prep.mosaic import open_scene
     from runtime.predictor import Predictor
-    from tests.conftest import REPO
 
     root = shared_data("joplin_geotiff")
     model = REPO / "models" / "default.onnx"
     if not model.is_file():
-        pytest.skip(f"{model} not present")
+        missing(f"{model} not present")
     pre = sorted((root / "pre").glob("*.tif"))
     post = sorted((root / "post").glob("*.tif"))
     moved = _shifted_copies(post, tmp_path / "post", 6, -4)
@@ -290,7 +291,7 @@ def test_real_tile_aligned_by_correlation_when_phase_correlation_disagrees():
     root = shared_data("xbd_sample")
     tile = {t.name: t for t in find_tiles(root)[0]}.get("santa-rosa-wildfire_00000366")
     if tile is None:
-        pytest.skip("santa-rosa-wildfire_00000366 is not in the xBD sample")
+        missing("santa-rosa-wildfire_00000366 is not in the xBD sample")
     pre, post = read_tile_image(tile.pre), read_tile_image(tile.post)
     fixed, shift = align_images(pre, post)
     assert shift.applied and shift.method == "correlation", shift.reason
@@ -303,19 +304,34 @@ def test_real_tile_aligned_by_correlation_when_phase_correlation_disagrees():
     assert after < 1.0 < before, (before, after)
 
 
-@pytest.mark.realdata
-def test_bench_alignment_on_the_bundled_chip_store():
-    from bench.alignment import bench_alignment, format_result
-    from tests.conftest import REPO
+def _makefile_value(name: str) -> str:
+    """``NAME := value`` of the Makefile."""
+    found = re.search(rf"^{name} := *(\S+)", (REPO / "Makefile").read_text(), re.M)
+    assert found, f"Makefile: no {name}"
+    return found.group(1)
 
-    shared_data("xbd_sample")
-    chips = REPO / "work" / "default-model" / "chips"
-    if not (chips / "manifest.csv").is_file():
-        pytest.skip(f"{chips} not present (make default-chips)")
-    result = bench_alignment(chips, fold=1, shifts=(4.0, 16.0), context_shifts=(4.0, 8.0))
+
+@pytest.fixture(scope="module")
+def default_chips(tmp_path_factory) -> tuple[Path, int]:
+    """The chip store of `make default-chips` (the xBD sample, split into the Makefile's folds),
+    made in a temporary folder by the same two commands (about 2 s), and its held-out fold."""
+    xbd = shared_data("xbd_sample")
+    chips = tmp_path_factory.mktemp("default-model") / "chips"
+    seed = _makefile_value("HOLDOUT_SEED")
+    assert run_cli("prepare", "xbd", "--xbd", xbd, "--out", chips, "--workers", "1", "--quiet") == 0
+    assert run_cli("split", chips, "--folds", "5", "--by", "tile", "--seed", seed, "--quiet") == 0
+    return chips, int(_makefile_value("HOLDOUT_FOLD"))
+
+
+@pytest.mark.realdata
+def test_bench_alignment_on_the_default_chip_store(default_chips):
+    from bench.alignment import bench_alignment, format_result
+
+    chips, fold = default_chips
+    result = bench_alignment(chips, fold=fold, shifts=(4.0, 16.0), context_shifts=(4.0, 8.0))
     assert result["n"] > 100 and len(result["tiles"]) >= 2
     chip = result["chip"]
-    assert 0 <= chip["false_alarms"]["corrected"] <= 1
+    assert 0 <= chip["false_alarms"]["corrected"] <= 0.02  # the goal of docs/flags.md; 1.24%
     detected = [c["detected"] for c in chip["cases"]]
     assert detected[1] > detected[0] > chip["false_alarms"]["corrected"]
     # around the building (scoring): the goals of docs/flags.md on the held-out tiles

@@ -1,15 +1,17 @@
 """The running web app: driven in headless Chromium, and called through `gradio_client`.
 
-The browser test needs Debian's ``chromium`` at /usr/bin/chromium (``.ci/run`` installs it) and
-skips with a message when it is absent. It uploads a synthetic 1024 x 1024 xBD-format tile with
-150 buildings, clicks "Assess", checks the overlay and the table, prints the time from the click
-to the overlay and saves a screenshot to ``test-artifacts/app_browser.png``. It then corrects two
-buildings, clicks "Adapt" (the picker gains and chooses the adapted model, the tile is graded
-again with it) and "Suggest next", and prints the time from the Adapt click to the new overlay.
+The browser test needs Debian's ``chromium`` at /usr/bin/chromium (``.ci/run`` installs it):
+without it the test skips with a message, or fails where ``CI`` is set. It uploads a synthetic
+1024 x 1024 xBD-format tile with 150 buildings, clicks "Assess", checks the overlay and the table,
+prints the time from the click to the overlay and saves a screenshot to
+``test-artifacts/app_browser.png``. It then corrects two buildings, clicks "Adapt" (the picker
+gains and chooses the adapted model, the tile is graded again with it) and "Suggest next", and
+prints the time from the Adapt click to the new overlay.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, shared_data
+from tests.conftest import REPO, missing, shared_data
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -34,6 +36,12 @@ CHROMIUM_ARGS = [
 ARTIFACTS = REPO / "test-artifacts"
 #: Buildings on the benchmark tile.
 N_BUILDINGS = 150
+
+
+def need_chromium() -> None:
+    """Skip the test without Chromium (fail in CI, where ``.ci/run`` installs it)."""
+    if not CHROMIUM.is_file():
+        missing(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
 
 
 def _free_port() -> int:
@@ -127,8 +135,7 @@ def server(bench_model, tmp_path_factory):
 
 @pytest.mark.browser
 def test_browser_assess_tile(server, bench_model, bench_tile):
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    need_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     pre, post, label = bench_tile
@@ -261,8 +268,7 @@ def test_browser_assess_tile(server, bench_model, bench_tile):
 def test_browser_assess_tile_without_footprints(server, bench_model, bench_tile):
     """Pre and post only: the localiser of the models folder finds the buildings, and they are
     graded, drawn and listed like given ones."""
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    need_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     from runtime.localizer import Localizer
@@ -400,16 +406,31 @@ def test_real_xbd_tile_assessed(score_model, tmp_path):
     root = shared_data("xbd_sample")
     labels = sorted(root.rglob("*_post_disaster.json"))
     if not labels:
-        pytest.skip(f"{root}: no *_post_disaster.json label files")
+        missing(f"{root}: no *_post_disaster.json label files")
     label = labels[0]
     name = label.name.replace("_post_disaster.json", "")
     images = {p.name: p for p in root.rglob(f"{name}_*_disaster.*") if p.suffix != ".json"}
     pre = next((p for n, p in images.items() if "_pre_" in n), None)
     post = next((p for n, p in images.items() if "_post_" in n), None)
     if pre is None or post is None:
-        pytest.skip(f"{label}: images of tile {name} not found")
+        missing(f"{label}: images of tile {name} not found")
     xy = json.loads(label.read_text())["features"]["xy"]
-    n = sum(1 for f in xy if f["properties"].get("feature_type", "building") == "building")
+    uids = [
+        f["properties"]["uid"]
+        for f in xy
+        if f["properties"].get("feature_type", "building") == "building"
+    ]
     r = assess_tile(Predictor(score_model), pre, post, label, tmp_path / "s")
-    assert r.buildings == n and sum(r.counts.values()) > 0
-    assert r.overlay.is_file() and r.csv.is_file()
+    # every building of the label, in its order, in the table and the CSV
+    assert r.buildings == len(uids) > 0
+    assert [row["uid"] for row in r.rows] == uids
+    with open(r.csv, newline="") as fh:
+        assert [row["uid"] for row in csv.DictReader(fh)] == uids
+    # the counts are those of the graded rows, and some were graded
+    scored = [row["damage"] for row in r.rows if row["status"] == "scored"]
+    assert scored and r.counts == {c: scored.count(c) for c in r.class_names}
+    # the overlay is the tile (1024 px wide) with the legend band below it
+    import cv2
+
+    overlay = cv2.imread(str(r.overlay))
+    assert overlay is not None and overlay.shape[1] == 1024 and overlay.shape[0] > 1024

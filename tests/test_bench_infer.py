@@ -22,12 +22,26 @@ ROW_KEYS = {
 }
 
 
+#: Bounds on an int8 row against PyTorch eager (the timed pairs: 8 of a random-init model, 16 of
+#: the tiny trained run, int8 calibrated on 8 other chips). Measured: largest logit difference
+#: 0.0034 (random init) and 0.0072 (trained), argmax agreement 1.0 on both. These models' logits
+#: move little with the input (int8 calibrated on blank chips differs by 0.013-0.014), so the
+#: logit bound is the one that tells; one pair in eight may change class. An fp16 row (on a GPU
+#: only) is held to the same bounds.
+INT8_AGREEMENT, INT8_LOGIT_DIFF = 7 / 8, 0.02
+
+
 def _check_rows(rows, encoder, input_size, pairs, runtimes):
     assert [r["runtime"].split(" (")[0] for r in rows] == runtimes
     for r in rows:
         assert set(r) == ROW_KEYS
         assert r["encoder"] == encoder and r["input_size"] == input_size and r["pairs"] == pairs
-        assert r["pairs_per_s"] > 0 and 0.0 <= r["agreement_vs_eager"] <= 1.0
+        assert r["pairs_per_s"] > 0
+        if r["precision"] != "fp32":
+            assert r["agreement_vs_eager"] >= INT8_AGREEMENT, r
+            assert 0.0 < r["max_abs_logit_diff_vs_eager"] <= INT8_LOGIT_DIFF, r
+        else:  # fp32: the same model and arithmetic, the same class for every pair
+            assert r["agreement_vs_eager"] == 1.0, r
     eager = rows[0]
     assert eager["ratio_vs_eager"] == 1.0 and eager["agreement_vs_eager"] == 1.0
     assert eager["max_abs_logit_diff_vs_eager"] == 0.0

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 DAMAGE_MODEL = REPO / "models" / "default.onnx"
 SIZE = 256
@@ -159,12 +159,6 @@ def rect_scene(tmp_path_factory) -> dict:
         "footprints": footprints,
         "boxes": boxes,
     }
-
-
-def run_cli(*args) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in args])
 
 
 def _read(path: Path):

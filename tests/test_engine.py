@@ -19,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.timeout(300)
 
 BIN = Path(sys.executable).parent
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
 
 
 def scene_folders(root: Path, s, n: int) -> Path:
@@ -166,14 +160,18 @@ def test_score_batch_on_embedded_and_remote_clusters_writes_what_one_process_wri
     assert "on Dask scheduler" in capsys.readouterr().err
 
     remote = tmp_path / "remote"
-    assert run_cli(*argv, "--out", remote, "--scheduler", scheduler) == 0
-    assert outputs(remote) == reference and not temporaries(remote)
-    # both workers took part
     from distributed import Client
 
     with Client(scheduler, timeout=30) as client:
-        counts = client.run(lambda dask_worker: len(dask_worker.data) >= 0)
-    assert len(counts) == 2
+        workers = set(client.scheduler_info()["workers"])
+        client.get_task_stream()  # the scheduler records the tasks from now on
+        start = time.time()
+        assert run_cli(*argv, "--out", remote, "--scheduler", scheduler) == 0
+        ran = client.get_task_stream(start=start)
+    assert outputs(remote) == reference and not temporaries(remote)
+    # both workers took part: each ran some of the batch's tasks
+    assert len(workers) == 2
+    assert {r["worker"] for r in ran} == workers, [(r["worker"], r["key"]) for r in ran]
 
     # the DASK_SCHEDULER_ADDRESS convention, and --resume on the cluster
     os.environ["DASK_SCHEDULER_ADDRESS"] = scheduler
@@ -260,8 +258,12 @@ def test_a_worker_killed_mid_batch_changes_nothing(
         busy = [w for w, tasks in client.processing().items() if tasks]
         victim = pids[busy[0]] if busy else next(iter(pids.values()))
         os.kill(victim, signal.SIGKILL)
+        done_at_kill = len(list(out.glob("s*.geojson")))
         thread.join(timeout=240)
         assert not thread.is_alive()
+        # the worker was killed mid-batch: it held scenes, some were written before and some after
+        assert busy and 1 <= done_at_kill < 36, "the batch ended before a worker could be killed"
+        assert victim not in client.run(os.getpid).values()
     report = result["report"]
     assert report.count("scored") == 36 and report.count("failed") == 0
     assert not temporaries(out)

@@ -100,7 +100,16 @@ def test_end_to_end(scored, synthetic_xbd, capsys):
     g = m["modes"]["given"]
     assert g["tiles"] == 3 and len(m["tiles"]) == 3 and m["failed"] == []
     assert g["localization_f1"] == 1.0  # the given footprints are the target's buildings
-    assert 0.0 <= g["damage_f1"] <= 1.0
+    # damage F1 by hand from the per-class pixel counts (the reference scorer's formula): the
+    # harmonic mean of the four class F1s, each 2 TP / (2 TP + FP + FN), 1e-6 added to each
+    assert sorted(g["damage"]) == sorted(["no-damage", "minor-damage", "major-damage", "destroyed"])
+    f1s = [
+        2 * d["tp"] / (2 * d["tp"] + d["fp"] + d["fn"]) if d["tp"] else 0.0
+        for d in g["damage"].values()
+    ]
+    assert g["damage_f1"] == pytest.approx(4 / sum(1 / (f + 1e-6) for f in f1s), rel=1e-9)
+    # every target building pixel counts once, as a hit or a miss of its class
+    assert sum(d["tp"] + d["fn"] for d in g["damage"].values()) == g["localization"]["tp"]
     assert g["score"] == pytest.approx(0.3 + 0.7 * g["damage_f1"])
     assert m["targets"]["unclassified"] == 1 and m["targets"]["skipped"] == 1
     assert g["graded"] < g["buildings"]  # the invalid-WKT building is not graded

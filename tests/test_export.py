@@ -152,6 +152,15 @@ def test_parity_with_pytorch_computed_independently(exported, tiny_run):
     assert report["fp32"]["max_abs_logit_diff_vs_pytorch"] == pytest.approx(diff, abs=1e-5)
 
 
+#: Bounds on the int8 and fp16 exports of the tiny fixture run against its fp32 export, on its 11
+#: validation chips. Measured: largest logit difference 0.0031 (int8) and 5.2e-5 (fp16), argmax
+#: agreement 1.0 for both. The logits of this one-epoch model move little with the input (int8
+#: calibrated on blank chips differs by 0.013; the fp16 model fed pre and post swapped, by 0.015),
+#: so the logit bound is what tells a sound export from a broken one; agreement is loose (one chip
+#: of the 11 may change class).
+LOW_PRECISION_BOUNDS = {"int8": (10 / 11, 0.01), "fp16": (10 / 11, 1e-3)}
+
+
 def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
     import onnx
 
@@ -162,7 +171,10 @@ def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
         out = tmp_path / f"tiny-{name}.onnx"
         report = export_run(tiny_run, out, ExportOptions(**kwargs))
         v = report[name]
-        assert 0.0 <= v["argmax_agreement_with_fp32"] <= 1.0
+        agreement, logit_diff = LOW_PRECISION_BOUNDS[name]
+        assert report["chips"]["count"] == 11
+        assert v["argmax_agreement_with_fp32"] >= agreement - 1e-9, v
+        assert 0.0 < v["max_abs_logit_diff_vs_fp32"] <= logit_diff, v
         assert v["meets_target"] == (v["argmax_agreement_with_fp32"] >= 0.99)
         assert v["macro_f1_diff_vs_fp32"] == pytest.approx(
             v["macro_f1"] - report["fp32"]["macro_f1"], abs=1e-5

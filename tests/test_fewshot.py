@@ -15,18 +15,12 @@ import numpy as np
 import pytest
 
 from data_prep.spec import CLASS_NAMES, ChipSpec
-from tests.conftest import TINY_TRAIN
+from tests.conftest import TINY_TRAIN, run_cli
 
 EVENTS = ("synthetic-flood", "synthetic-wildfire")
 KS = (0, 4, 8)
 REPEATS = 2
 ARMS = ("adapt-random", "adapt-suggested", "finetune")
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
 
 
 def tiny(*extra: str) -> list[str]:

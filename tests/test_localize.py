@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, shared_data
+from tests.conftest import REPO, missing, shared_data
 
 CLASSES = ("no-damage", "minor-damage", "major-damage", "destroyed")
 SIZE = 128
@@ -204,10 +204,12 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     import onnx
     import torch
 
+    from data_prep.masks import find_mask_tiles, load_mask_tile
     from local_damage.localize.evaluate import evaluate_model
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
     from runtime.contract import CPU_ONLY, open_session, read_metadata
+    from tests.test_detect import make_localizer
 
     run, _ = tiny_run
     path = tmp_path / "localizer.onnx"
@@ -252,8 +254,18 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     assert got.shape == (2, 64, 96) and got.dtype == np.float32
     assert np.abs(got - ref).max() < 1e-4
     result = evaluate_model(path, rect_root, 1, folds=3, split_seed=0, out=tmp_path / "m.json")
-    assert 0 <= result["f1"] <= 1 and result["tiles"]
     assert json.loads((tmp_path / "m.json").read_text())["fold"] == 1
+    # the pooled F1 is that of the pooled pixel counts, which cover every building pixel of the
+    # fold's label masks
+    tp, fp, fn = result["tp"], result["fp"], result["fn"]
+    assert result["f1"] == pytest.approx(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    fold_tiles = [t for t in find_mask_tiles(rect_root) if t.name in result["tiles"]]
+    assert len(fold_tiles) == len(result["tiles"]) == 2
+    assert tp + fn == sum(int(load_mask_tile(t)[1].astype(bool).sum()) for t in fold_tiles) > 0
+    # a localiser that finds exactly the bright roofs (a brightness rule) scores 1 on them
+    bright = make_localizer(tmp_path / "bright.onnx", level=150.0, tile_size=128, min_area_px=0)
+    exact = evaluate_model(bright, rect_root, 1, folds=3, split_seed=0)
+    assert exact["f1"] == 1.0 and (exact["tp"], exact["fp"], exact["fn"]) == (tp + fn, 0, 0)
 
 
 def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_path):
@@ -337,7 +349,7 @@ def test_bundled_localizer_on_a_heldout_tile():
 
     model_path = REPO / "models" / "localizer.onnx"
     if not model_path.is_file():
-        pytest.skip("models/localizer.onnx not present")
+        missing("models/localizer.onnx not present")
     root = shared_data("xbd_sample")
     tiles = find_mask_tiles(root)
     folds = tile_folds(tiles, 5, 14)

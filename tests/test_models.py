@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -374,15 +373,37 @@ def _offline_env(monkeypatch, endpoint: str | None = None):
 
 @pytest.mark.parametrize("how", ["HF_HUB_OFFLINE", "unreachable"])
 def test_hub_weights_offline_fail_fast_with_advice(tmp_path, monkeypatch, how):
+    """Failing fast is counted, not timed: the only download asked for is the cache lookup (no
+    networked download, which would retry), and every connection tried has a short timeout; with
+    the hub unreachable, the refused connection to it is tried."""
+    import socket
+
+    import huggingface_hub
+
     if how == "HF_HUB_OFFLINE":
         _offline_env(monkeypatch)
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     else:
         _offline_env(monkeypatch, endpoint="http://127.0.0.1:9")  # discard port: refused
-    start = time.monotonic()
+    downloads: list[bool] = []  # local_files_only of each hf_hub_download
+    tried: list[tuple[object, float | None]] = []  # (address, timeout) of each connection
+    download, connect = huggingface_hub.hf_hub_download, socket.socket.connect
+
+    def counted_download(*args, **kwargs):
+        downloads.append(bool(kwargs.get("local_files_only")))
+        return download(*args, **kwargs)
+
+    def counted_connect(sock, address):
+        tried.append((address, sock.gettimeout()))
+        return connect(sock, address)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", counted_download)
+    monkeypatch.setattr(socket.socket, "connect", counted_connect)
     with pytest.raises(WeightsUnavailableError) as err:
         build_encoder("resnet34", "imagenet", cache_dir=tmp_path)
-    assert time.monotonic() - start < 15
+    assert downloads == [True]
+    assert all(t is not None and t <= 10 for _, t in tried), tried
+    assert (("127.0.0.1", 9) in [a for a, _ in tried]) == (how == "unreachable"), tried
     msg = str(err.value)
     assert "smp-hub/resnet34.imagenet" in msg and "not in the local cache" in msg
     assert "connected machine" in msg and "pass a local path" in msg

@@ -7,8 +7,6 @@ behaviour and the pre/post alignment on the Joplin GeoTIFFs.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -488,7 +486,6 @@ def test_joplin_geotiff_chips_the_covered_buildings_and_lines_them_up(tmp_path):
 
     footprints = root / "footprints" / "joplin.geojson"
     total = pyogrio.read_info(footprints)["features"]
-    start = time.perf_counter()
     report = prepare_scene(
         sorted((root / "pre").glob("*.tif")),
         sorted((root / "post").glob("*.tif")),
@@ -496,7 +493,6 @@ def test_joplin_geotiff_chips_the_covered_buildings_and_lines_them_up(tmp_path):
         tmp_path / "joplin",
         progress=False,
     )
-    elapsed = time.perf_counter() - start
     assert report.skipped == []
     assert 100 < report.chips < total
     assert report.chips + report.not_covered + len(report.skipped) == total
@@ -506,7 +502,6 @@ def test_joplin_geotiff_chips_the_covered_buildings_and_lines_them_up(tmp_path):
     matched, shuffled = matched_vs_shuffled(load_pairs(tmp_path / "joplin", frame))
     # Measured: 363 chips, matched 0.129, shuffled 0.016 (tornado damage lowers both).
     assert matched > 0.08 and matched > 4 * max(shuffled, 0.01)
-    assert elapsed < 60
 
 
 @pytest.mark.realdata

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
+from tests.conftest import REPO, run_cli
 
 
 def scene_folder(root: Path, name: str, s, buildings: Path | None = None) -> Path:
@@ -209,17 +204,30 @@ def _wait_for(pred, timeout: float) -> bool:
     return False
 
 
+def _release(fifo: Path) -> None:
+    """Let a reader still blocked on ``fifo`` go on (it reads an empty file)."""
+    with contextlib.suppress(OSError):  # no reader left
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
     """Kill a batch after its first scene: no partial outputs, resume finishes the rest.
 
-    A synthetic scene scores in a few hundredths of a second on an idle machine, so the batch is
-    long enough (24 scenes) and the wait short enough that the signal lands mid-batch.
+    The footprint file of the second scene (s01) is a named pipe nothing writes to, so that scene
+    waits, and the batch cannot end, until the signal: the kill lands mid-batch whatever the
+    machine's speed. Before the resume the pipe is replaced by the scene's footprint file.
     """
-    scenes = tmp_path / "scenes"
+    s = synthetic_scene
     names = [f"s{i:02d}" for i in range(24)]
-    for name in names:
-        scene_folder(scenes, name, synthetic_scene)
+    waits = tmp_path / "waits.geojson"
+    os.mkfifo(waits)
+    scenes = tmp_path / "scenes.csv"
+    pre, post = ";".join(map(str, s.pre)), ";".join(map(str, s.post))
+    scenes.write_text(
+        "name,pre,post,buildings\n"
+        + "".join(f"{n},{pre},{post},{waits if n == 's01' else s.buildings}\n" for n in names)
+    )
     out = tmp_path / "out"
     argv = [
         sys.executable, "-m", "cli.main", "score-batch", "--scenes", str(scenes),
@@ -228,20 +236,22 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert _wait_for(lambda: any(finals(out, ".geojson")), 120), proc.communicate()[1][-2000:]
+        assert proc.poll() is None, "the batch ended while a scene's footprints could not be read"
         proc.send_signal(sig)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        _release(waits)
     finished = sorted(p.stem for p in finals(out, ".geojson"))
-    assert 1 <= len(finished) < len(names), (
-        f"the batch ended before it could be interrupted ({proc.returncode})"
-    )
+    assert 1 <= len(finished) < len(names) and "s01" not in finished, finished
     if sig == signal.SIGTERM:
         assert proc.returncode == 130, proc.stderr.read().decode()[-2000:]
         leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
         assert not leftovers, f"temporaries left after SIGTERM: {leftovers}"
+    else:
+        assert proc.returncode == -signal.SIGKILL
     # whatever carries a final name is complete
     for stem in finished:
         assert n_features(out / f"{stem}.geojson") == synthetic_scene.n_buildings
@@ -250,6 +260,8 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
         if not path.name.startswith(".") and path.suffix in (".tif", ".png"):
             assert path.stat().st_size > 0
 
+    waits.unlink()
+    waits.symlink_to(s.buildings)
     rc = run_cli(
         "score-batch", "--scenes", scenes, "--model", score_model, "--out", out, "--raster",
         "--overlay", "--resume", "--quiet",
@@ -275,9 +287,11 @@ def test_shards_partition_the_scenes(tmp_path, synthetic_scene, score_model):
     parts = {i: {j.name for j in jobs if shard_of(j.name, 3) == i} for i in (1, 2, 3)}
     assert set().union(*parts.values()) == set(names)
     assert sum(len(p) for p in parts.values()) == len(names)
-    # the assignment depends on the name only, not on the order or the rest of the list
-    assert {shard_of(n, 3) for n in reversed(names)} <= {1, 2, 3}
-    assert [shard_of(n, 3) for n in names] == [shard_of(n, 3) for n in list(names)]
+    # the assignment depends on the name only, the same on every machine and in every process
+    # (pinned: sha256 of the UTF-8 name, not Python's per-process string hash)
+    assert [shard_of(n, 3) for n in names] == [2, 2, 1, 2, 3, 1, 1]
+    pinned = {"joplin": 4, "puerto-rico/tile_0_107": 3, "Ünïcode": 2, "a": 3}
+    assert {n: shard_of(n, 4) for n in pinned} == pinned
     assert parse_shard("2/3") == (2, 3)
     for bad in ("0/3", "4/3", "1/0", "x", "1-3"):
         with pytest.raises(ValueError, match="shard"):
