@@ -8,8 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
-from tests.test_score import run_cli
+from tests.conftest import REPO, run_cli
 
 
 def test_demo_scores_the_example_scene_end_to_end(tmp_path, score_model, capsys):

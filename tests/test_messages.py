@@ -15,13 +15,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, shared_data
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
+from tests.conftest import REPO, run_cli, shared_data
 
 
 def _read(path):

@@ -15,13 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import shared_data
-
-
-def run_cli(*argv) -> int:
-    from cli.main import main
-
-    return main([str(a) for a in argv])
+from tests.conftest import run_cli, shared_data
 
 
 def _dated_copies(paths, folder: Path, when: str) -> list[Path]:

@@ -8,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from runtime.registry import BUNDLED_MODELS, model_names, resolve_model
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 BUNDLED = REPO / "models"
-
-
-def run_cli(*argv) -> int:
-    return main([str(a) for a in argv])
 
 
 @pytest.fixture
