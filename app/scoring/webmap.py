@@ -322,3 +322,16 @@ def image_map(
     bounds = lonlat_bounds(crs, transform, w, h)
     features = building_features(placed, columns, masks, uids, class_names)
     return write_map(path, title, features, class_names, pre, post, bounds, True)
+
+
+def read_map_data(path: str | os.PathLike) -> dict:
+    """The data block of a map file (title, bounds, classes, counts, imagery layers, buildings).
+
+    Raises:
+        OutputError: the file holds no local-damage map data.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    match = re.search(r'<script id="ld-data" type="application/json">(.*?)</script>', text, re.S)
+    if match is None:
+        raise OutputError(f"{path}: not a local-damage map (no map data block)")
+    return json.loads(match.group(1))
