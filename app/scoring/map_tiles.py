@@ -156,7 +156,7 @@ def _warp_mosaic(mosaic, grid, frame: _Frame) -> _Canvas:
     transform = frame.transform
     offset = getattr(mosaic, "offset", (0.0, 0.0))
     if offset != (0.0, 0.0):  # read where the corrected shift says, as scoring did
-        transform = Affine.translation(*_shift_vector(grid, offset)) * transform
+        transform = Affine.translation(*_shift_vector(grid, offset)) @ transform
     rgb = np.zeros((frame.height, frame.width, 3), dtype=np.uint8)
     valid = np.zeros((frame.height, frame.width), dtype=bool)
     for tile in mosaic.tiles:

@@ -1,6 +1,7 @@
 /* The local-damage web map: imagery tiles, buildings by grade, legend and building details.
  * Reads its data from the JSON block #ld-data written by app.scoring.webmap; needs Leaflet (L).
- * window.localDamage: {ready, renderMs, drawn, scored, select(row), show(row)}. */
+ * window.localDamage: {ready, renderMs, drawn, scored, selected, map, layer(row), imagery(),
+ * select(row), show(row)}. */
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("ld-data").textContent);
@@ -145,6 +146,10 @@
     }
     return true;
   }
+  api.layer = function (n) { return byRow[n] || null; };
+  api.imagery = function () {
+    return map.hasLayer(postLayer) ? "post" : map.hasLayer(preLayer) ? "pre" : "none";
+  };
   api.select = function (n) { return select(n, false); };
   api.show = function (n) { return select(n, true); };
   window.addEventListener("message", function (e) {
