@@ -54,12 +54,12 @@ SHOW_JS = """
   if (frame && frame.contentWindow && Number.isInteger(n)) {
     frame.contentWindow.postMessage({ localDamage: "show", row: n }, "*");
   }
+  // the table's rows: Gradio's virtual rows (only those in view are drawn), or a plain table's
+  const ROWS = "#buildings .virtual-row, #buildings tbody:not(.sizing-body) tr";
   const mark = () => {
-    const table = document.querySelector("#buildings");
-    if (!table) return false;
-    table.querySelectorAll("tr.ld-chosen").forEach((r) => r.classList.remove("ld-chosen"));
-    for (const tr of table.querySelectorAll("tbody tr")) {
-      const cell = tr.querySelector("td");
+    document.querySelectorAll("#buildings .ld-chosen").forEach((r) => r.classList.remove("ld-chosen"));
+    for (const tr of document.querySelectorAll(ROWS)) {
+      const cell = tr.querySelector(".body-cell, td");
       if (cell && cell.textContent.trim() === String(n)) {
         tr.classList.add("ld-chosen");
         tr.scrollIntoView({ block: "nearest" });
@@ -69,12 +69,11 @@ SHOW_JS = """
     return false;
   };
   if (!mark()) {  // a long table draws the rows in view only: scroll to the row, then mark it
-    const first = document.querySelector("#buildings tbody tr");
-    const box = [...document.querySelectorAll("#buildings *")].find(
-      (e) => e.scrollHeight > e.clientHeight + 5);
+    const first = document.querySelector(ROWS);
+    const box = document.querySelector("#buildings .virtual-table-viewport");
     if (first && box) {
-      box.scrollTop = Math.max(0, n * first.getBoundingClientRect().height - 40);
-      setTimeout(mark, 150);
+      box.scrollTop = Math.max(0, (n - 1) * first.getBoundingClientRect().height - 40);
+      setTimeout(mark, 200);
     }
   }
   return [session, model, row];
@@ -82,7 +81,10 @@ SHOW_JS = """
 """
 
 #: Style of the marked row of the building table (the page's ``css``).
-CHOSEN_CSS = "#buildings tr.ld-chosen td { background: rgba(0, 229, 255, 0.28) !important; }"
+CHOSEN_CSS = (
+    "#buildings .ld-chosen .body-cell, #buildings tr.ld-chosen td"
+    " { background: rgba(0, 229, 255, 0.28) !important; }"
+)
 
 
 def slider_images(session: str | os.PathLike) -> tuple[str, str]:
