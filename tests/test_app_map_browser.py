@@ -1,7 +1,7 @@
 """The web app's pre/post slider and map in headless Chromium (the pattern of
 tests/test_app_browser.py: Debian's /usr/bin/chromium, the app served on a free local port).
 
-A georeferenced tile (the synthetic scene's west pre and post GeoTIFFs and its GeoJSON
+The app runs the bundled model. A georeferenced tile (the synthetic scene's west pre and post GeoTIFFs and its GeoJSON
 footprints; the real Joplin tiles where ../shared/data is present) is assessed: after "Assess"
 the slider shows the pre and post images and the map draws every building of the table, with
 nothing fetched from outside the app. A building clicked on the map becomes the chosen building:
@@ -16,20 +16,25 @@ import re
 
 import pytest
 
-from tests.conftest import shared_data
+from tests.conftest import REPO, missing, shared_data
 from tests.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _free_port, need_chromium
+
+#: The bundled model, as an analyst grades with it.
+MODEL = REPO / "models" / "default.onnx"
 
 
 @pytest.fixture(scope="module")
-def server(score_model, tmp_path_factory):
-    """The app on a free local port with the session's tiny model; yields its URL."""
+def server(tmp_path_factory):
+    """The app on a free local port with the bundled model; yields its URL."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from app.web.app import launch
 
+    if not MODEL.is_file():
+        missing(f"{MODEL} is missing: the bundled model ships with the project")
     port = _free_port()
     demo = launch(
-        models_dir=score_model.parent,
-        model=str(score_model),
+        models_dir=MODEL.parent,
+        model=str(MODEL),
         port=port,
         work_dir=tmp_path_factory.mktemp("app"),
         block=False,
