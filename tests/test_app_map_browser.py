@@ -154,3 +154,18 @@ def test_slider_and_map_on_a_joplin_tile(server):
         server, pre, post, root / "footprints" / "joplin.geojson", "app_map_joplin.png"
     )
     assert shown["scored"] > 10 and shown["drawn"] == shown["paths"]
+
+
+@pytest.mark.browser
+@pytest.mark.realdata
+def test_slider_and_map_on_an_xbd_tile(server):
+    """A real xBD tile pair with its label JSON: the map in image pixels, no scale in metres."""
+    need_chromium()
+    root = shared_data("xbd_sample")
+    stem = "hurricane-florence_00000318"
+    pre = root / "images" / f"{stem}_pre_disaster.png"
+    post = root / "images" / f"{stem}_post_disaster.png"
+    labels = root / "labels" / f"{stem}_post_disaster.json"
+    shown = _assess_and_pick(server, pre, post, labels, "app_map_xbd.png")
+    assert shown["scored"] > 5 and shown["drawn"] == shown["paths"]
+    assert not shown["geo"]

@@ -165,6 +165,11 @@ def on_views(session):
     return slider_images(session), map_frame(session)
 
 
+def no_building():
+    """A new tile assessed: the ``#`` box empty until a building is chosen."""
+    return None
+
+
 def on_select(evt):
     """A row of the building table clicked (``evt``: Gradio's selection): its ``#``."""
     row_value = getattr(evt, "row_value", None)

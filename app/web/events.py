@@ -72,6 +72,8 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
         cb.on_assessed, session, [tile.event, tile.suggestions], api_visibility="private"
     )
     assessed.success(cb.on_views, session, views, api_visibility="private")
+    # a new tile: no building chosen yet (so choosing any #, 0 included, shows it)
+    assessed.success(cb.no_building, None, tile.row, api_visibility="private")
     chip.assess.click(
         bind(cb.on_assess_chip, ctx),
         [model, chip.pre, chip.post],

@@ -178,7 +178,7 @@ def tile_tab(examples: list[list[str]]) -> TileTab:
         )
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=220):
-                row_in = gr.Number(label="Building #", precision=0, value=0, elem_id="row")
+                row_in = gr.Number(label="Building #", precision=0, value=None, elem_id="row")
                 chips_btn = gr.Button("Show chips")
                 details_out = gr.Markdown(elem_id="bldg-details")
             chip_pre_out = gr.Image(
