@@ -14,6 +14,7 @@ from app.scoring.common import ScoreOptions, check_outputs
 from app.scoring.demo import SYNTHETIC_NOTE, run_demo
 from app.scoring.detect import pixel_pair, score_scene_detected, score_xbd_detected
 from app.scoring.scene import score_scene
+from app.scoring.webmap import check_map_path
 from app.scoring.xbd import score_xbd
 from app.web.app import launch
 from cli.options import (
@@ -84,6 +85,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
     align_argument(parser)
 
 
+def _map_argument(parser: argparse.ArgumentParser, metavar: str | None, where: str) -> None:
+    """Add ``--map``: the web map (a path for ``score``, a switch for ``score-batch``)."""
+    help_text = (
+        f"also write a web map{where}: one self-contained HTML file that opens offline in a "
+        "browser (pre/post imagery layers, buildings coloured by grade, flagged ones outlined, "
+        "click for details; docs/scoring.md)"
+    )
+    if metavar is None:
+        parser.add_argument("--map", action="store_true", help=help_text)
+    else:
+        parser.add_argument("--map", metavar=metavar, help=help_text)
+
+
 def _localizer_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--localizer``: the localiser used when no footprints are given."""
     add_localizer_args(
@@ -140,6 +154,8 @@ def _options(args: argparse.Namespace, max_pixels: int) -> ScoreOptions:
 
 def _run_score(args: argparse.Namespace) -> int:
     check_outputs(args.out, args.raster, args.overlay)
+    if args.map:
+        check_map_path(args.map)
     if args.labels and (len(args.pre) != 1 or len(args.post) != 1):
         print(
             "error: --labels (xBD mode) takes exactly one --pre and one --post image; "
@@ -153,6 +169,8 @@ def _run_score(args: argparse.Namespace) -> int:
     predictor = _load_model(args.model, args.tta)
     options = _options(args, max_pixels)
     outputs = {"raster": args.raster, "overlay": args.overlay, "options": options}
+    if args.map:
+        outputs["web_map"] = args.map
     if args.labels:
         pre, post = args.pre[0], args.post[0]
         report = score_xbd(predictor, pre, post, args.labels, args.out, **outputs)
@@ -219,6 +237,7 @@ def _run_score_batch(args: argparse.Namespace) -> int:
             localizer=localizer,
             workers=args.workers,
             scheduler=args.scheduler,
+            web_map=args.map,
         )
     print(report.summary(), file=sys.stderr)
     print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
@@ -322,6 +341,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="OUT.png",
         help="also write a PNG of the post image with footprints in class colours",
     )
+    _map_argument(score, "OUT.html", "")
     _common(score)
     _localizer_argument(score)
     score.set_defaults(func=_run_score)
@@ -353,6 +373,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     batch.add_argument("--raster", action="store_true", help="also write OUT/<scene>.tif")
     batch.add_argument("--overlay", action="store_true", help="also write OUT/<scene>.png")
+    _map_argument(batch, None, " for each scene, OUT/<scene>.html")
     batch.add_argument(
         "--resume", action="store_true", help="skip scenes whose outputs already exist"
     )

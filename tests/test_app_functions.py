@@ -364,11 +364,11 @@ def test_card_marks_test_figures_on_training_tiles(score_model, tmp_path):
 
 def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):
     """The functions the app's events call, without Gradio: the tile graded, a building's chips
-    at display size, a correction saved; the analyst's mistakes raise AppError."""
-    from app.web.assess import DISPLAY_SIZE
+    at the page's chip size, a correction saved; the analyst's mistakes raise AppError."""
     from app.web.callbacks import AppContext, on_assess_tile, on_chips, on_correct, on_model
     from app.web.model_picker import ModelCache
     from app.web.sessions import AppError
+    from app.web.tile_views import CHIP_VIEW_SIZE
 
     pre, post, label = (str(p) for p in xbd_tile[:3])  # Gradio passes paths as text
     n = xbd_tile[3]
@@ -380,7 +380,7 @@ def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):
     assert Path(overlay).is_file() and f"**{n} buildings**" in summary and len(table) == n
     assert len(files) == 2 and Path(session).parent == tmp_path / "work" / "sessions"
     chip_pre, chip_post = on_chips(ctx, session, model, 0)
-    assert chip_pre.shape == chip_post.shape == (DISPLAY_SIZE, DISPLAY_SIZE, 3)
+    assert chip_pre.shape == chip_post.shape == (CHIP_VIEW_SIZE, CHIP_VIEW_SIZE, 3)
     message, path = on_correct(session, 0, "destroyed")
     assert "building #0 is **destroyed**" in message and Path(path).is_file()
     with pytest.raises(AppError, match="upload the post file"):

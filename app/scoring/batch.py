@@ -232,8 +232,9 @@ def shard_of(name: str, n: int) -> int:
 
 
 def scene_outputs(
-    out_dir: str | os.PathLike, name: str, fmt: str, raster: bool, overlay: bool
-) -> dict[str, Path]:
+    out_dir: str | os.PathLike, name: str, fmt: str, raster: bool, overlay: bool,
+    web_map: bool = False,
+) -> dict[str, Path]:  # fmt: skip
     """Output paths of one scene of a batch: kind -> path."""
     out_dir, stem = Path(out_dir), safe_name(name)
     paths = {"vector": out_dir / f"{stem}{FORMAT_SUFFIX[fmt]}"}
@@ -241,6 +242,8 @@ def scene_outputs(
         paths["raster"] = out_dir / f"{stem}.tif"
     if overlay:
         paths["overlay"] = out_dir / f"{stem}.png"
+    if web_map:
+        paths["map"] = out_dir / f"{stem}.html"
     return paths
 
 
@@ -374,6 +377,7 @@ def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
     _remove_stale_temporaries(paths.values())
     options = replace(task.options, progress=progress)
     vector, raster, overlay = paths["vector"], paths.get("raster"), paths.get("overlay")
+    outputs = {"raster": raster, "overlay": overlay, "web_map": paths.get("map")}
     try:
         if job.buildings is None:  # no footprints: the localiser finds the buildings
             result = score_scene_detected(
@@ -382,8 +386,7 @@ def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
                 job.post,
                 vector,
                 localizer=localizer,
-                raster=raster,
-                overlay=overlay,
+                **outputs,
                 name=job.name,
                 options=options,
             )
@@ -394,8 +397,7 @@ def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
                 job.post,
                 job.buildings,
                 vector,
-                raster=raster,
-                overlay=overlay,
+                **outputs,
                 name=job.name,
                 options=options,
             )
@@ -422,6 +424,7 @@ def score_batch(
     workers: int | None = 1,
     scheduler: str | None = None,
     client=None,
+    web_map: bool = False,
 ) -> BatchReport:
     """Score many scenes with one loaded model, one set of outputs per scene.
 
@@ -435,10 +438,11 @@ def score_batch(
     Args:
         predictor: the loaded ONNX model.
         scenes: scenes to score (from :func:`read_scene_list`).
-        out_dir: output folder (``<scene>.geojson``/``.gpkg``, ``.tif``, ``.png``).
+        out_dir: output folder (``<scene>.geojson``/``.gpkg``, ``.tif``, ``.png``, ``.html``).
         fmt: ``"geojson"`` or ``"gpkg"``.
         raster: also write each scene's class raster.
         overlay: also write each scene's overlay PNG.
+        web_map: also write each scene's web map (``<scene>.html``, :mod:`app.scoring.webmap`).
         resume: skip scenes whose outputs exist.
         shard: ``(i, n)``: score only the scenes with :func:`shard_of` ``== i``.
         problems: scene-list entries that could not be used, carried into the summary.
@@ -471,7 +475,7 @@ def score_batch(
     entries: list[dict] = []
     todo: list[_SceneTask] = []
     for job in mine:
-        paths = scene_outputs(out_dir, job.name, fmt, raster, overlay)
+        paths = scene_outputs(out_dir, job.name, fmt, raster, overlay, web_map)
         entry: dict = {"name": job.name, "outputs": {k: str(v) for k, v in paths.items()}}
         entries.append(entry)
         if resume and all(p.is_file() for p in paths.values()):
@@ -480,7 +484,7 @@ def score_batch(
             todo.append(_SceneTask(_absolute(job), paths, options))
     by_name = {e["name"]: e for e in entries}
     if any(e.get("status") == "done" for e in entries):
-        _done_reports(entries, out_dir, fmt, raster, overlay, predictor.class_names)
+        _done_reports(entries, out_dir, fmt, raster, overlay, predictor.class_names, web_map)
     workers = default_workers() if workers is None else int(workers)
     workers = max(min(workers, len(todo)), 1)  # no idle workers to start
     try:
@@ -501,13 +505,13 @@ def score_batch(
     return report
 
 
-def _done_reports(entries, out_dir, fmt, raster, overlay, class_names) -> None:
+def _done_reports(entries, out_dir, fmt, raster, overlay, class_names, web_map=False) -> None:
     """Give each scene an earlier run finished its report (``report_from``: ``summary`` or
     ``outputs``; :func:`app.scoring.batch_resume.done_report`)."""
     earlier = earlier_reports(out_dir)
     for entry in entries:
         if entry.get("status") == "done":
-            paths = scene_outputs(out_dir, entry["name"], fmt, raster, overlay)
+            paths = scene_outputs(out_dir, entry["name"], fmt, raster, overlay, web_map)
             report, where = done_report(entry["name"], paths, earlier, class_names)
             if report is not None:
                 entry["report"], entry["report_from"] = report, where

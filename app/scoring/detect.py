@@ -235,6 +235,7 @@ def score_scene_detected(
     overlay: str | os.PathLike | None = None,
     name: str | None = None,
     options: ScoreOptions | None = None,
+    web_map: str | os.PathLike | None = None,
 ) -> ScoreReport:
     """Find the buildings of a georeferenced scene with the localiser, then grade them as
     :func:`app.scoring.scene.score_scene` grades footprints (``source`` ``detected``).
@@ -242,7 +243,8 @@ def score_scene_detected(
     Args:
         predictor: the loaded damage model (:class:`runtime.predictor.Predictor`).
         pre, post: the scene's pre- and post-disaster GeoTIFF tiles.
-        out, raster, overlay: the outputs, as :func:`app.scoring.scene.score_scene` writes them.
+        out, raster, overlay, web_map: the outputs, as :func:`app.scoring.scene.score_scene`
+            writes them.
         localizer: the :class:`runtime.localizer.Localizer` (default: the bundled one).
         name: scene name (default: the first pre file's stem without ``_pre_disaster``).
         options: as for :func:`app.scoring.scene.score_scene`; the localiser reads the pre
@@ -277,6 +279,7 @@ def score_scene_detected(
             out,
             raster=raster,
             overlay=overlay,
+            web_map=web_map,
             name=name or scene_name(pre[0]),
             source=DETECTED,
             options=options,
@@ -297,6 +300,7 @@ def score_xbd_detected(
     overlay: str | os.PathLike | None = None,
     name: str | None = None,
     options: ScoreOptions | None = None,
+    web_map: str | os.PathLike | None = None,
 ) -> ScoreReport:
     """Find the buildings of a pixel-aligned pre/post pair's pre image with the localiser, then
     grade them as :func:`app.scoring.xbd.score_xbd` grades label polygons (``source``
@@ -331,6 +335,7 @@ def score_xbd_detected(
             out,
             raster=raster,
             overlay=overlay,
+            web_map=web_map,
             name=name,
             source=DETECTED,
             options=options,

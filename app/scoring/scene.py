@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.scoring import outputs
+from app.scoring import outputs, webmap
 from app.scoring.common import (
     NOT_COVERED,
     SKIPPED,
@@ -118,6 +118,7 @@ def score_scene(
     source: str = "given",
     options: ScoreOptions | None = None,
     building_item: str | None = None,
+    web_map: str | os.PathLike | None = None,
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
 
@@ -145,6 +146,7 @@ def score_scene(
             (default :class:`~app.scoring.common.ScoreOptions`).
         building_item: how the report names a building before its uid (default
             ``<buildings> feature``); detection names the imagery, not its temporary file.
+        web_map: optional ``.html``: the web map of the scene (:mod:`app.scoring.webmap`).
 
     Returns:
         The report (per-class counts, not covered, skipped, outputs, time, alignment).
@@ -157,6 +159,8 @@ def score_scene(
     start = time.perf_counter()
     options = options or ScoreOptions()
     fmt = check_outputs(out, raster, overlay)
+    if web_map is not None:
+        webmap.check_map_path(web_map)
     name = name or Path(buildings).stem
     class_names = tuple(predictor.class_names)
     report = ScoreReport(scene=name, class_names=class_names)
@@ -220,15 +224,17 @@ def score_scene(
                 raster,
                 overlay,
                 options.block_size,
+                web_map,
             )
     report.seconds = time.perf_counter() - start
     return report
 
 
 def _scene_outputs(
-    predictor, scene, footprints, table, scores, report, fmt, out, raster, overlay, block_size
-) -> None:
-    """Write the raster, the overlay and then the vector file of a scored scene."""
+    predictor, scene, footprints, table, scores, report, fmt, out, raster, overlay, block_size,
+    web_map=None,
+) -> None:  # fmt: skip
+    """Write the raster, the overlay, the map and then the vector file of a scored scene."""
     n, class_names = len(table.geometries), report.class_names
     grid = scene.grid
     pixel = np.empty(n, dtype=object)
@@ -259,6 +265,13 @@ def _scene_outputs(
             flagged=scores.flags != "",
         )
         report.outputs["overlay"] = str(overlay)
+    if web_map is not None:
+        lonlat = to_crs(table.geometries, table.crs, "OGC:CRS84")
+        columns, masks = scores.columns(class_names)
+        webmap.scene_map(
+            web_map, scene, lonlat, columns, masks, table.uids, class_names, report.scene
+        )
+        report.outputs["map"] = str(web_map)
 
     if fmt == "geojson":
         geometries, crs = to_crs(table.geometries, table.crs, "OGC:CRS84"), "OGC:CRS84"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from app.scoring import outputs
+from app.scoring import outputs, webmap
 from app.scoring.common import (
     NOT_COVERED,
     SKIPPED,
@@ -91,6 +91,7 @@ def score_xbd(
     source: str = "given",
     options: ScoreOptions | None = None,
     building_item: str | None = None,
+    web_map: str | os.PathLike | None = None,
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
 
@@ -124,6 +125,8 @@ def score_xbd(
             a scene-mode option).
         building_item: how the report names a building before its uid (default ``<labels>
             building``); detection names the pre image, not its temporary label file.
+        web_map: optional ``.html`` web map (:mod:`app.scoring.webmap`): on Web Mercator when
+            the pre image is georeferenced, else in image pixels.
 
     Returns:
         The report.
@@ -138,6 +141,8 @@ def score_xbd(
     start = time.perf_counter()
     options = options or ScoreOptions()
     fmt = check_outputs(out, raster, overlay)
+    if web_map is not None:
+        webmap.check_map_path(web_map)
     labels = Path(labels)
     name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
     class_names = tuple(predictor.class_names)
@@ -260,6 +265,12 @@ def score_xbd(
                 flagged=scores.flags != "",
             )
             report.outputs["overlay"] = str(overlay)
+        if web_map is not None:
+            columns, masks = scores.columns(class_names)
+            uids = [f["uid"] for f in features]
+            webmap.image_map(web_map, (pre_img, post_img), crs, transform, pixel, columns,
+                             masks, uids, class_names, name)  # fmt: skip
+            report.outputs["map"] = str(web_map)
 
         georef = None
         if crs is not None:

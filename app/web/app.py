@@ -5,12 +5,14 @@ endpoint) second:
 
 - tile mode, :func:`app.web.assess.assess_tile`: a pre and a post tile and building footprints (or
   none: the localiser finds the buildings), graded by the same pipeline as `local-damage score`:
-  the overlay, counts per class, the building table and the results as files;
-  :func:`app.web.assess.building_chips` shows one building's chips; :func:`save_correction` records
+  the overlay, counts per class, the building table and the results as files, then the tile's
+  pre and post images under a slider and its web map (:mod:`app.web.tile_views`);
+  :func:`app.web.assess.building_chips` shows the chips of the building chosen in the table or
+  on the map, which both show it; :func:`save_correction` records
   the class an analyst sets for a building (:mod:`app.web.sessions`). "Adapt" adapts the chosen
   model to the corrections of the tile's event and grades the tile again with it; "Suggest next"
   ranks the tile's uncorrected buildings to correct (:mod:`app.web.adapt_panel`).
-- chip mode, :func:`app.web.assess.assess_chip`: one pre/post chip pair: class probabilities and a
+- chip mode, :func:`app.web.chip.assess_chip`: one pre/post chip pair: class probabilities and a
   heatmap of the latent feature-correlation map over the post chip.
 
 :func:`build_app` composes the app: the models on offer (:mod:`app.web.model_picker`), the
@@ -41,22 +43,20 @@ from app.web.assess import (
     QUEUE_SIZE,
     SUGGEST_COLUMNS,
     SYNTHETIC_NOTE,
-    ChipResult,
     TileResult,
     app_max_pixels,
-    assess_chip,
     assess_tile,
     building_chips,
     check_image,
     footprint_kind,
-    heatmap_overlay,
-    read_chip_pair,
 )
 from app.web.callbacks import AppContext, on_model
+from app.web.chip import ChipResult, assess_chip, heatmap_overlay, read_chip_pair
 from app.web.examples import make_examples
 from app.web.model_card import card_markdown
 from app.web.model_picker import ModelCache, model_choices
 from app.web.sessions import AppError, save_correction
+from app.web.tile_views import CHOSEN_CSS
 
 #: The app's public names, the tile and chip functions of :mod:`app.web.assess` included.
 __all__ = [
@@ -167,6 +167,7 @@ def launch(
         allowed_paths=allowed,
         prevent_thread_lock=not block,
         theme=layout.offline_theme(),
+        css=CHOSEN_CSS,
         ssr_mode=False,
         quiet=True,  # Gradio's hints speak of launch() arguments; the command prints its own
         show_error=True,

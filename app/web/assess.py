@@ -1,4 +1,4 @@
-"""Assessing one tile or one chip pair for the web app: the functions behind its two modes.
+"""Assessing one tile for the web app: the function behind its tile mode.
 
 - :func:`assess_tile`: a pre and a post tile (PNG, JPEG or GeoTIFF) and building footprints (an
   xBD label JSON with pixel polygons, or GeoJSON / GeoPackage in any CRS for georeferenced
@@ -8,8 +8,8 @@
   table of buildings with probabilities and confidence, and the results as GeoJSON (or
   GeoPackage) and CSV. :func:`building_chips` cuts the pre/post chips of one building for
   display.
-- :func:`assess_chip`: one pre/post chip pair: class probabilities and a heatmap of the latent
-  feature-correlation map over the post chip, for models exported with ``--change-map``.
+
+The chip mode is :mod:`app.web.chip`.
 
 Plain functions, no Gradio: :mod:`app.web.app` lays them out as the app's events and HTTP API.
 """
@@ -35,7 +35,7 @@ from app.scoring.scene import score_scene
 from app.scoring.xbd import score_xbd
 from app.web.sessions import SESSION_FILE, AppError, check_row, read_session, tile_event, write_json
 from data_prep.footprints import load_footprints
-from data_prep.imagery import ImageError, read_rgb_pair
+from data_prep.imagery import ImageError
 from data_prep.mosaic import SceneError, open_scene
 from data_prep.quality import BLANK, MAX_PIXELS_ENV, max_pixels
 from data_prep.report import PrepareReport
@@ -212,7 +212,7 @@ def app_detect(localizer, pre: Path, post: Path, out_dir: Path, max_pixels: int 
             localizer, pre, post, Path(out_dir) / "detected", georeferenced, max_pixels
         )
     except (SceneError, ImageError) as exc:
-        raise AppError(_short(str(exc))) from exc
+        raise AppError(short_message(str(exc))) from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,6 +228,8 @@ class TileResult:
         scene: scene name (footprint file stem).
         mode: ``"xbd"`` (pixel polygons) or ``"vector"`` (georeferenced footprints).
         overlay: PNG of the post tile with footprints in class colours and a legend.
+        web_map: the web map of the tile (:mod:`app.scoring.webmap`): on Web Mercator when the
+            tile is georeferenced, in image pixels otherwise.
         vector: per-building GeoJSON (GeoPackage in pixel coordinates when the tile cannot be
             placed on Earth).
         csv: the building table as CSV.
@@ -254,6 +256,7 @@ class TileResult:
     class_names: tuple[str, ...] = field(default_factory=tuple)
     model: str = ""
     warning: str = ""
+    web_map: Path | None = None
 
     @property
     def buildings(self) -> int:
@@ -378,6 +381,7 @@ def assess_tile(
     out_dir.mkdir(parents=True, exist_ok=True)
     scene = _scene_name(footprints)
     overlay = out_dir / f"{scene}_overlay.png"
+    web_map = out_dir / f"{scene}_map.html"
     vector = out_dir / f"{scene}.geojson"
     try:
         if mode == "xbd":
@@ -396,6 +400,7 @@ def assess_tile(
         report = score(
             predictor, *images, footprints, vector, overlay=overlay, name=scene, source=source,
             options=ScoreOptions(batch_size=batch_size, max_pixels=limit, progress=False),
+            web_map=web_map,
         )  # fmt: skip
         if mode == "xbd" and report.buildings and report.not_covered == report.buildings:
             raise AppError(
@@ -403,7 +408,7 @@ def assess_tile(
                 f"on the {pre.name} image; are they the labels of this tile?"
             )
     except (SceneError, ImageError, OutputError) as exc:
-        raise AppError(_short(str(exc))) from exc
+        raise AppError(short_message(str(exc))) from exc
     blank = sum(s.reason.startswith(BLANK) for s in report.skipped)
     if blank and not report.scored:
         raise AppError(
@@ -422,6 +427,8 @@ def assess_tile(
         "footprints": str(footprints),
         "source": source,
         "vector": str(vector),
+        "map": str(web_map),
+        "csv": str(csv_path),
         "model": str(predictor.path),
         "class_names": list(class_names),
         "uids": [r["uid"] for r in rows],
@@ -443,10 +450,11 @@ def assess_tile(
         model=predictor.path.stem
         + (", buildings detected by the localiser" if source != "given" else ""),
         warning=report.order_warning,
+        web_map=web_map,
     )
 
 
-def _short(text: str) -> str:
+def short_message(text: str) -> str:
     """Error text with temporary upload folders shortened to the file name."""
     return re.sub(r"(/[^\s:'\"]+/)([^/\s:'\"]+)", r"\2", text)
 
@@ -497,104 +505,3 @@ def building_chips(
         window = chip_window((c.x, c.y), tuple(pixel.bounds), spec)
         pre, _, post, _ = scene.read_pair(window.col_off, window.row_off, window.size, window.size)
     return resize_chip(pre, spec.chip_size), resize_chip(post, spec.chip_size)
-
-
-# --------------------------------------------------------------------------------------------
-# Chip mode
-
-
-@dataclass
-class ChipResult:
-    """What assessing one chip pair produced.
-
-    Attributes:
-        probabilities: class name -> probability (sums to 1).
-        damage: the most probable class.
-        heatmap: uint8 ``[DISPLAY_SIZE, DISPLAY_SIZE, 3]``: the post chip with the latent
-            correlation map (absolute value, scaled to its maximum) blended over it in the
-            ``jet`` colour map; the post chip alone when the model has no change map.
-        change_map: ``[S_L, S_L]`` float32 raw map, None when the model does not output it.
-    """
-
-    probabilities: dict[str, float]
-    damage: str
-    heatmap: np.ndarray
-    change_map: np.ndarray | None
-
-
-def read_chip_pair(
-    pre: str | os.PathLike, post: str | os.PathLike, max_pixels: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Read a pre/post chip pair into uint8 ``[S, S, 3]`` arrays (one radiometric rule for both,
-    :func:`data_prep.imagery.read_rgb_pair`).
-
-    Raises:
-        AppError: not an image, too large, truncated, not square, or pre and post of different
-            sizes.
-    """
-    limit = app_max_pixels(max_pixels)
-    sizes = [check_image(pre, "pre chip", limit), check_image(post, "post chip", limit)]
-    if sizes[0] != sizes[1]:
-        raise AppError(
-            f"pre chip {Path(pre).name} is {sizes[0][0]}x{sizes[0][1]} px but post chip "
-            f"{Path(post).name} is {sizes[1][0]}x{sizes[1][1]} px; a chip pair must be the same "
-            "window of both images"
-        )
-    if sizes[0][0] != sizes[0][1]:
-        raise AppError(
-            f"pre chip {Path(pre).name} is {sizes[0][0]}x{sizes[0][1]} px; chips are square "
-            "(cut by `local-damage prepare`); use tile mode for whole tiles"
-        )
-    try:
-        pre_rgb, post_rgb, _ = read_rgb_pair(pre, post, limit)
-        return pre_rgb, post_rgb
-    except ImageError as exc:
-        raise AppError(_short(str(exc))) from exc
-
-
-def heatmap_overlay(post: np.ndarray, change_map: np.ndarray | None, size: int = DISPLAY_SIZE):
-    """The post chip at ``size`` px with ``|change_map|`` (``[S_L, S_L]``) blended over it.
-
-    Returns:
-        uint8 ``[size, size, 3]`` RGB; 55% chip, 45% ``jet`` colours (red = most change).
-    """
-    import cv2
-
-    base = cv2.resize(post, (size, size), interpolation=cv2.INTER_LINEAR)
-    if change_map is None:
-        return base
-    heat = np.abs(np.asarray(change_map, dtype=np.float32))
-    top = float(heat.max())
-    heat = heat / top if top > 0 else heat
-    heat = cv2.resize(heat, (size, size), interpolation=cv2.INTER_CUBIC)
-    colours = cv2.applyColorMap(np.clip(heat * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
-    colours = cv2.cvtColor(colours, cv2.COLOR_BGR2RGB)
-    return cv2.addWeighted(colours, 0.45, base, 0.55, 0.0)
-
-
-def assess_chip(
-    predictor: Predictor, pre: str | os.PathLike, post: str | os.PathLike
-) -> ChipResult:
-    """Grade one pre/post chip pair and draw where the model saw change.
-
-    Args:
-        predictor: the loaded ONNX model.
-        pre, post: square chip images of equal size (PNG, JPEG or GeoTIFF).
-
-    Returns:
-        The :class:`ChipResult`.
-
-    Raises:
-        AppError: see :func:`read_chip_pair`.
-    """
-    a, b = read_chip_pair(pre, post)
-    pred = predictor.predict(a[None], b[None], change_map=True)
-    probs = pred.probabilities[0]
-    change = None if pred.change_map is None else pred.change_map[0, 0]
-    names = predictor.class_names
-    return ChipResult(
-        probabilities={n: float(p) for n, p in zip(names, probs, strict=True)},
-        damage=names[int(np.argmax(probs))],
-        heatmap=heatmap_overlay(b, change),
-        change_map=change,
-    )

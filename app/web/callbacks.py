@@ -15,13 +15,12 @@ from typing import Any
 
 from app.web.adapt_panel import adapt_to_event, suggest_next
 from app.web.assess import (
-    DISPLAY_SIZE,
     SUGGEST_COLUMNS,
     app_localizer,
-    assess_chip,
     assess_tile,
     building_chips,
 )
+from app.web.chip import assess_chip
 from app.web.model_card import card_markdown
 from app.web.model_picker import ModelCache
 from app.web.sessions import (
@@ -32,6 +31,7 @@ from app.web.sessions import (
     session_event,
     set_event,
 )
+from app.web.tile_views import building_details, enlarge, map_frame, slider_images
 
 #: The heatmap's note when the model has a change map, and when it has none.
 HEATMAP_NOTE = (
@@ -142,33 +142,51 @@ def on_assess_chip(ctx: AppContext, model_path, pre, post):
 
 
 def on_chips(ctx: AppContext, session, model_path, row):
-    """The pre and post chips of building ``row``, enlarged to the display size."""
-    import cv2
-
+    """The pre and post chips of building ``row``, enlarged to the page's chip size."""
     if not session:
         raise AppError("assess a tile first")
     pre, post = building_chips(ctx.models.get(model_path), session, int(row))
-    size = (DISPLAY_SIZE, DISPLAY_SIZE)
-    return (
-        cv2.resize(pre, size, interpolation=cv2.INTER_NEAREST),
-        cv2.resize(post, size, interpolation=cv2.INTER_NEAREST),
-    )
+    return enlarge(pre), enlarge(post)
 
 
-def on_select(ctx: AppContext, session, model_path, evt):
-    """A row of the building table clicked (``evt``: Gradio's selection): its ``#`` and chips."""
+def on_building(ctx: AppContext, session, model_path, row):
+    """The chosen building (the ``#`` box changed: a table row, a suggestion or a building on
+    the map chosen, or a number typed): its chips side by side and its row of the table."""
+    if not session or row is None:
+        return None, None, ""
+    pre, post = on_chips(ctx, session, model_path, row)
+    return pre, post, building_details(session, int(row))
+
+
+def on_views(session):
+    """After an assessment: the pre/post slider's images and the tile's map."""
+    if not session:
+        return None, ""
+    return slider_images(session), map_frame(session)
+
+
+def no_building():
+    """A new tile assessed: the ``#`` box empty until a building is chosen."""
+    return None
+
+
+def on_select(evt):
+    """A row of the building table clicked (``evt``: Gradio's selection): its ``#``."""
     row_value = getattr(evt, "row_value", None)
-    row = int(row_value[0]) if row_value else int(evt.index[0])
-    return (row, *on_chips(ctx, session, model_path, row))
+    return int(row_value[0]) if row_value else int(evt.index[0])
 
 
-def on_pick(ctx: AppContext, session, model_path, table, evt):
-    """A suggested building clicked: select it in the building table and show its chips."""
+def on_map_pick(evt):
+    """A building clicked on the map (``evt.index``: its ``#``)."""
+    return int(evt.index)
+
+
+def on_pick(table, evt):
+    """A suggested building clicked: its ``#`` in the building table."""
     row_value = getattr(evt, "row_value", None)
     if not row_value:
         row_value = table.iloc[int(evt.index[0])].tolist()
-    row = int(row_value[SUGGEST_COLUMNS.index("#")])
-    return (row, *on_chips(ctx, session, model_path, row))
+    return int(row_value[SUGGEST_COLUMNS.index("#")])
 
 
 def on_correct(session, row, damage):

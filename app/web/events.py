@@ -15,6 +15,7 @@ from app.web import callbacks as cb
 from app.web.callbacks import AppContext
 from app.web.layout import ChipTab, ModelRow, TileTab
 from app.web.sessions import AppError
+from app.web.tile_views import SHOW_JS
 
 #: What a building's chips and a correction show as a message (a bad row number included).
 ROW_ERRORS = (AppError, ValueError, TypeError)
@@ -59,29 +60,42 @@ def connect_models(demo, ctx: AppContext, models: ModelRow) -> None:
 def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip: ChipTab) -> None:
     """The events of both modes; ``session`` is the ``gr.State`` holding the assessment folder."""
     model = models.picker
-    chips = [tile.row, tile.chip_pre, tile.chip_post]
-    tile.assess.click(
+    building = [tile.chip_pre, tile.chip_post, tile.details]
+    views = [tile.slider, tile.map]
+    assessed = tile.assess.click(
         bind(cb.on_assess_tile, ctx),
         [model, tile.pre, tile.post, tile.footprints],
         [tile.overlay, tile.summary, tile.table, tile.files, session],
         api_name="assess_tile",
-    ).success(cb.on_assessed, session, [tile.event, tile.suggestions], api_visibility="private")
+    )
+    assessed.success(
+        cb.on_assessed, session, [tile.event, tile.suggestions], api_visibility="private"
+    )
+    assessed.success(cb.on_views, session, views, api_visibility="private")
+    # a new tile: no building chosen yet (so choosing any #, 0 included, shows it)
+    assessed.success(cb.no_building, None, tile.row, api_visibility="private")
     chip.assess.click(
         bind(cb.on_assess_chip, ctx),
         [model, chip.pre, chip.post],
         [chip.probabilities, chip.heatmap, chip.message],
         api_name="assess_chip",
     )
-    tile.table.select(
-        bind(cb.on_select, ctx, errors=ROW_ERRORS),
-        [session, model],
-        chips,
+    # one building chosen in the table, the suggestions, the map or the # box: its chips and row
+    # beside them, and (in the page) the same building shown on the map and marked in the table
+    tile.table.select(bind(cb.on_select), None, tile.row, api_visibility="private")
+    tile.map.select(bind(cb.on_map_pick), None, tile.row, api_visibility="private")
+    tile.suggestions.select(bind(cb.on_pick), tile.suggestions, tile.row, api_visibility="private")
+    tile.row.change(
+        bind(cb.on_building, ctx, errors=ROW_ERRORS),
+        [session, model, tile.row],
+        building,
+        js=SHOW_JS,
         api_visibility="private",
     )
     tile.show_chips.click(
         bind(cb.on_chips, ctx, errors=ROW_ERRORS),
         [session, model, tile.row],
-        chips[1:],
+        building[:2],
         api_visibility="private",
     )
     tile.save.click(
@@ -90,7 +104,7 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
         [tile.correct_msg, tile.correct_file],
         api_visibility="private",
     )
-    tile.adapt.click(
+    adapted = tile.adapt.click(
         bind(cb.on_adapt, ctx, errors=ADAPT_ERRORS),
         [model, session, tile.event],
         [
@@ -107,15 +121,10 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
         ],
         api_visibility="private",
     )
+    adapted.success(cb.on_views, session, views, api_visibility="private")
     tile.suggest.click(
         bind(cb.on_suggest, ctx, errors=ADAPT_ERRORS),
         [model, session],
         tile.suggestions,
-        api_visibility="private",
-    )
-    tile.suggestions.select(
-        bind(cb.on_pick, ctx, errors=ROW_ERRORS),
-        [session, model, tile.suggestions],
-        chips,
         api_visibility="private",
     )

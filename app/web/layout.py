@@ -2,7 +2,8 @@
 
 Each function adds one section to the open ``gr.Blocks`` and returns its components for
 :mod:`app.web.events` to wire: :func:`model_row` (title, model picker, model card),
-:func:`tile_tab` (tile mode, corrections, Adapt and Suggest) and :func:`chip_tab` (chip mode).
+:func:`tile_tab` (tile mode: overlay, pre/post slider, map, table, the chosen building's chips;
+corrections, Adapt and Suggest) and :func:`chip_tab` (chip mode).
 The ``elem_id`` of a component is what the browser test and scripts find it by.
 """
 
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.scoring.common import probability_columns
-from app.web.assess import DISPLAY_SIZE, SUGGEST_COLUMNS, SYNTHETIC_NOTE
+from app.web.assess import SUGGEST_COLUMNS, SYNTHETIC_NOTE
 from app.web.callbacks import picker_choices
+from app.web.tile_views import CHIP_VIEW_SIZE, MAP_HEIGHT, MAP_JS_ON_LOAD
 from data_prep.spec import CLASS_NAMES
 
 #: The title and the line under it.
@@ -51,7 +53,10 @@ class TileTab:
         assess: the Assess button.
         overlay, summary, files, table: the results: overlay image, Markdown summary,
             GeoJSON/CSV files and the building table.
-        row, show_chips, chip_pre, chip_post: a building's ``#``, its button and its chips.
+        slider, map: the tile's pre and post images under a slider (``gr.ImageSlider``) and its
+            web map (``gr.HTML`` holding the map file in a frame; :mod:`app.web.tile_views`).
+        row, show_chips, chip_pre, chip_post, details: the chosen building's ``#``, its button,
+            its chips side by side and its row of the table.
         right_class, save, correct_msg, correct_file: a correction: the class, its button, the
             message and the corrections file.
         event, adapt, suggest, adapt_msg, suggestions: the event name, the Adapt and Suggest
@@ -66,10 +71,13 @@ class TileTab:
     summary: Any
     files: Any
     table: Any
+    slider: Any
+    map: Any
     row: Any
     show_chips: Any
     chip_pre: Any
     chip_post: Any
+    details: Any
     right_class: Any
     save: Any
     correct_msg: Any
@@ -141,24 +149,46 @@ def tile_tab(examples: list[list[str]]) -> TileTab:
             with gr.Column(scale=1):
                 summary_out = gr.Markdown(elem_id="summary")
                 files_out = gr.File(label="Download (GeoJSON, CSV)", file_count="multiple")
+        with gr.Row():
+            slider_out = gr.ImageSlider(
+                label="Pre / post: drag the slider",
+                type="filepath",
+                interactive=False,
+                elem_id="slider",
+                max_height=MAP_HEIGHT,
+                scale=1,
+            )
+            map_out = gr.HTML(
+                "",
+                label="Map",
+                elem_id="map",
+                js_on_load=MAP_JS_ON_LOAD,
+                min_height=MAP_HEIGHT // 2,
+                scale=1,
+            )
         table_out = gr.Dataframe(
             headers=["#", "uid", "damage", "confidence"]
             + probability_columns(class_names)
             + ["flags", "status", "source"],
-            label="Buildings (click a row for its chips; click a header to sort)",
+            label="Buildings (click a row, or a building on the map, for its chips; click a "
+            "header to sort)",
             interactive=False,
             elem_id="buildings",
             max_height=400,
         )
-        with gr.Row():
-            row_in = gr.Number(label="Building #", precision=0, value=0, elem_id="row")
-            chips_btn = gr.Button("Show chips")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=220):
+                row_in = gr.Number(label="Building #", precision=0, value=None, elem_id="row")
+                chips_btn = gr.Button("Show chips")
+                details_out = gr.Markdown(elem_id="bldg-details")
             chip_pre_out = gr.Image(
-                label="Pre chip", interactive=False, height=DISPLAY_SIZE, elem_id="bldg-pre"
-            )
+                label="Pre chip", interactive=False, height=CHIP_VIEW_SIZE, elem_id="bldg-pre",
+                scale=2,
+            )  # fmt: skip
             chip_post_out = gr.Image(
-                label="Post chip", interactive=False, height=DISPLAY_SIZE, elem_id="bldg-post"
-            )
+                label="Post chip", interactive=False, height=CHIP_VIEW_SIZE, elem_id="bldg-post",
+                scale=2,
+            )  # fmt: skip
         with gr.Row():
             correct_in = gr.Dropdown(
                 class_names, value=class_names[0], label="Right class", elem_id="right-class"
@@ -192,10 +222,13 @@ def tile_tab(examples: list[list[str]]) -> TileTab:
         summary_out,
         files_out,
         table_out,
+        slider_out,
+        map_out,
         row_in,
         chips_btn,
         chip_pre_out,
         chip_post_out,
+        details_out,
         correct_in,
         correct_btn,
         correct_msg,
