@@ -127,3 +127,29 @@ def test_fidelity_notes_name_what_departs_from_the_paper():
     assert fidelity_notes(centred) == []
     scl = load_yaml(Config, REPO / "configs" / "default.yaml", ["loss.method=scl"])
     assert not any("SCL on l" in n for n in fidelity_notes(scl))
+
+
+def _recipe_model(stem: str):
+    cfg = load_yaml(Config, REPO / "configs" / f"{stem}.yaml")
+    torch.manual_seed(0)
+    return build_model(cfg.model), cfg
+
+
+def _latent_grads(net, loss_fn, pre, post) -> torch.Tensor:
+    net.zero_grad()
+    loss_fn(net(pre, post).l, LABELS).backward()
+    return torch.cat([p.grad.flatten() for p in net.encoder.parameters() if p.grad is not None])
+
+
+def test_the_shipped_recipe_trains_its_latent_term_as_scl_the_paper_recipe_does_not():
+    """Encoder gradients of the latent term: OCL's equal SCL's under configs/default.yaml
+    (latent_abs), and differ under configs/cpu-local.yaml (the paper's signed map)."""
+    g = torch.Generator().manual_seed(5)
+    pre, post = torch.randn(8, 3, 64, 64, generator=g), torch.randn(8, 3, 64, 64, generator=g)
+    for stem, same in (("default", True), ("cpu-local", False)):
+        net, cfg = _recipe_model(stem)
+        net.train()
+        t = cfg.loss.temperature
+        ocl = _latent_grads(net, OrthonormalContrastiveLoss(t), pre, post)
+        scl = _latent_grads(net, SupConLoss(t), pre, post)
+        assert torch.equal(ocl, scl) is same, stem
