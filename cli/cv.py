@@ -13,6 +13,8 @@ from cli.options import add_report_args
 #: The cross-validation's logger: its fold lines show even with --quiet (which silences the
 #: training progress bars and epoch lines).
 CV_LOGGER = "local_damage.experiments.cv"
+#: The inner folds' logger (`--inner`): which recipe each test fold chose, shown the same way.
+INNER_LOGGER = "local_damage.experiments.nested"
 
 
 def _parse_folds(text: str) -> list[int]:
@@ -107,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
     from local_damage.experiments.cv import cross_validate
     from local_damage.experiments.cv_tables import CV_RESULTS, table2, table3
 
-    logger = logging.getLogger(CV_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger(name) for name in (CV_LOGGER, INNER_LOGGER)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
     try:
         results = cross_validate(
             args.config,
@@ -125,12 +128,14 @@ def run(args: argparse.Namespace) -> int:
             inner_seed=args.inner_seed,
         )
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     else:
         print(table2(results)[0])
         print(table3(results)[0])
+        print((Path(args.out) / "cv_table.md").read_text())
     print(f"wrote {Path(args.out) / CV_RESULTS}, table2.md/.csv, table3.md/.csv, cv_table.md")
     if results["failed"]:
         print(f"{len(results['failed'])} fold(s) failed:", file=sys.stderr)
