@@ -13,6 +13,8 @@ from cli.options import add_report_args
 #: The cross-validation's logger: its fold lines show even with --quiet (which silences the
 #: training progress bars and epoch lines).
 CV_LOGGER = "local_damage.experiments.cv"
+#: The inner folds' logger (`--inner`): which recipe each test fold chose, shown the same way.
+INNER_LOGGER = "local_damage.experiments.nested"
 
 
 def _parse_folds(text: str) -> list[int]:
@@ -35,7 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "For each config and each fold of CHIPS/splits.csv: train with the fold held out "
             "(OUT/<method>/fold<K>), evaluate on it, and write OUT/table2.md (accuracy mean "
             "(min-max) per config), OUT/table3.md (per-class F1 with prevalence, per method), "
-            "their CSV versions and OUT/cv_results.json. Finished folds are reused."
+            "their CSV versions, OUT/cv_results.json, and OUT/cv_table.md (accuracy, macro-F1, "
+            "per-class F1, share of buildings on intact tiles graded damaged and ECE: mean "
+            "(min-max) over folds, pooled, per fold and per event) with each method's pooled "
+            "out-of-fold predictions in OUT/<method>/oof_predictions.csv. With --inner K the "
+            "configs are candidate recipes: for each test fold one is chosen on K inner folds of "
+            "the training tiles and reported as the method 'selected'. Finished folds are reused."
         ),
     )
     p.add_argument(
@@ -81,6 +88,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="a fold never trained on nor evaluated (test tiles kept for the final figures)",
     )
+    p.add_argument(
+        "--inner",
+        type=int,
+        default=0,
+        metavar="K",
+        help="choose one config per test fold on K inner folds of its training tiles (nested "
+        "cross-validation; OUT/inner/outer<F>/selection.json); 0 (default): every config is a method",
+    )
+    p.add_argument(
+        "--inner-seed", type=int, default=0, metavar="S", help="seed of the inner folds (default 0)"
+    )
     p.add_argument("--quiet", action="store_true", help="no training progress bars or epoch lines")
     add_report_args(p, quiet=False)
     p.set_defaults(func=run)
@@ -88,11 +106,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # torch-bearing: imported here so that `local-damage --help` needs no torch
-    from local_damage.experiments.cv import CV_RESULTS, cross_validate, table2, table3
+    from local_damage.experiments.cv import cross_validate
+    from local_damage.experiments.cv_tables import CV_RESULTS, table2, table3
 
-    logger = logging.getLogger(CV_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger(name) for name in (CV_LOGGER, INNER_LOGGER)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
     try:
         results = cross_validate(
             args.config,
@@ -104,15 +124,19 @@ def run(args: argparse.Namespace) -> int:
             views=args.views,
             progress=not args.quiet,
             holdout=args.holdout,
+            inner=args.inner,
+            inner_seed=args.inner_seed,
         )
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     else:
         print(table2(results)[0])
         print(table3(results)[0])
-    print(f"wrote {Path(args.out) / CV_RESULTS}, table2.md/.csv, table3.md/.csv")
+        print((Path(args.out) / "cv_table.md").read_text())
+    print(f"wrote {Path(args.out) / CV_RESULTS}, table2.md/.csv, table3.md/.csv, cv_table.md")
     if results["failed"]:
         print(f"{len(results['failed'])} fold(s) failed:", file=sys.stderr)
         for item in results["failed"]:

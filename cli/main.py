@@ -32,6 +32,7 @@ from cli import export as export_cli
 from cli import geometry as geometry_cli
 from cli import localize as localize_cli
 from cli import prepare as prepare_cli
+from cli import pretrain as pretrain_cli
 from cli import probe as probe_cli
 from cli import score as score_cli
 from cli import train as train_cli
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate_cli.add_parser(sub)
     adapt_cli.add_parser(sub)
     probe_cli.add_parser(sub)
+    pretrain_cli.add_parser(sub)
     localize_cli.add_parser(sub)
 
     bench = sub.add_parser(

@@ -88,7 +88,9 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
 
 
 def _run_split(args: argparse.Namespace) -> int:
-    path = make_splits(args.chips, folds=args.folds, by=args.by, seed=args.seed)
+    path = make_splits(
+        args.chips, folds=args.folds, by=args.by, seed=args.seed, stratify=args.stratify
+    )
     if args.json:
         print(json.dumps(fold_counts(args.chips), indent=2))
     if not args.quiet:
@@ -197,6 +199,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="group by tile (k-fold) or by event (leave-one-event-out)",
     )
     split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    split.add_argument(
+        "--stratify",
+        choices=("class", "event"),
+        default="class",
+        help="--by tile: balance each class's share over the folds (class, the default) or each "
+        "event's and class's together, so every fold holds tiles of every event that has enough "
+        "(event)",
+    )
     add_report_args(split)
     split.set_defaults(func=_run_split)
 

@@ -10,7 +10,15 @@ one image (which share look, date and often damage) never sit on both sides of a
   order that still favours large, unbalanced tiles first. ``StratifiedGroupKFold`` itself sorts
   tiles by their class imbalance and uses its shuffle only to break exact ties, so with real tiles
   every seed gives the same folds; here each seed gives its own, equally stratified folds.
+- ``by="tile", stratify="event"``: the same greedy, except that a tile goes first to a fold
+  holding the fewest tiles of its event, and only among those to the one it least unbalances:
+  the tiles of every event are dealt round the folds, so each fold holds tiles of each event
+  that has at least as many tiles as there are folds, and an event with fewer tiles has each in
+  a fold of its own.
 - ``by="event"``: leave one event out; fold ``i`` is the ``i``-th event in sorted order.
+
+:func:`inner_folds` deals the training tiles of one outer fold into inner folds the same way, for
+choices (of a recipe, a threshold) that must never see the outer test fold.
 
 The result is ``CHIPS/splits.csv`` with columns chip_id, tile, event, fold, in manifest order.
 """
@@ -29,6 +37,7 @@ from data_prep.store import StoreError, StoreNotFoundError, atomic_path, read_ma
 SPLITS = "splits.csv"
 SPLIT_COLUMNS = ("chip_id", "tile", "event", "fold")
 BY_CHOICES = ("tile", "event")
+STRATIFY_CHOICES = ("class", "event")
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +47,9 @@ class SplitError(StoreError):
     splits.csv out of date with the manifest); the message says what to change."""
 
 
-def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
+def assign_folds(
+    manifest, folds: int = 5, by: str = "tile", seed: int = 0, stratify: str = "class"
+):
     """Assign every chip of a manifest to a fold.
 
     Args:
@@ -46,6 +57,8 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
         folds: number of folds for ``by="tile"`` (ignored for ``by="event"``).
         by: ``"tile"`` (grouped, stratified k-fold) or ``"event"`` (leave one event out).
         seed: random seed for the order in which tiles are dealt to folds.
+        stratify: for ``by="tile"``, balance the folds' shares of each class (``"class"``) or of
+            each event and class together (``"event"``).
 
     Returns:
         DataFrame with columns chip_id, tile, event, fold (int), one row per chip in manifest
@@ -59,6 +72,10 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
 
     if by not in BY_CHOICES:
         raise SplitError(f"unknown split --by {by!r}: expected one of {', '.join(BY_CHOICES)}")
+    if stratify not in STRATIFY_CHOICES:
+        raise SplitError(
+            f"unknown split --stratify {stratify!r}: expected one of {', '.join(STRATIFY_CHOICES)}"
+        )
     if len(manifest) == 0:
         raise SplitError("the manifest has no chips to split")
     frame = manifest[["chip_id", "tile", "event"]].copy()
@@ -92,7 +109,11 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
             "use fewer --folds (or more tiles)"
         )
     fold = stratified_group_folds(
-        manifest["label"].to_numpy(), frame["tile"].to_numpy(), folds, seed
+        manifest["label"].to_numpy(),
+        frame["tile"].to_numpy(),
+        folds,
+        seed,
+        events=frame["event"].to_numpy() if stratify == "event" else None,
     )
     if len(np.unique(fold)) < folds:
         raise SplitError(
@@ -102,8 +123,43 @@ def assign_folds(manifest, folds: int = 5, by: str = "tile", seed: int = 0):
     return frame.reset_index(drop=True)
 
 
+def inner_folds(
+    splits, manifest, test_fold: int, folds: int, seed: int = 0, stratify: str = "event"
+):
+    """Inner folds of the training tiles of one outer fold (every fold but ``test_fold``).
+
+    Args:
+        splits: the outer splits (``load_splits``).
+        manifest: the store's manifest (``read_manifest``).
+        test_fold: the outer test fold, left out entirely.
+        folds: number of inner folds (>= 2).
+        seed: seed of the dealing order.
+        stratify: as :func:`assign_folds`.
+
+    Returns:
+        DataFrame chip_id, tile, event, fold (the inner fold) of the chips outside ``test_fold``.
+
+    Raises:
+        SplitError: no such outer fold, or fewer training tiles than inner folds.
+    """
+    if test_fold not in set(splits["fold"]):
+        raise SplitError(
+            f"no outer fold {test_fold}; the folds are {', '.join(map(str, sorted(set(splits['fold']))))}"
+        )
+    keep = set(splits.loc[splits["fold"] != test_fold, "chip_id"])
+    part = manifest[manifest["chip_id"].isin(keep)].reset_index(drop=True)
+    try:
+        return assign_folds(part, folds=folds, by="tile", seed=seed, stratify=stratify)
+    except SplitError as exc:
+        raise SplitError(f"inner folds of outer fold {test_fold}: {exc}") from exc
+
+
 def stratified_group_folds(
-    labels: np.ndarray, groups: np.ndarray, folds: int, seed: int
+    labels: np.ndarray,
+    groups: np.ndarray,
+    folds: int,
+    seed: int,
+    events: np.ndarray | None = None,
 ) -> np.ndarray:
     """Fold of every sample such that no group spans two folds and class shares stay even.
 
@@ -112,6 +168,9 @@ def stratified_group_folds(
         groups: [N] group (tile) of each sample.
         folds: number of folds.
         seed: seed of the order in which groups are dealt.
+        events: [N] event of each sample (one per group), or None; when given, a group goes to
+            a fold holding the fewest groups of its event (and, for the first of its event there,
+            the fewest events) before class balance is weighed.
 
     Returns:
         [N] int fold index per sample, in 0..folds-1.
@@ -126,17 +185,26 @@ def stratified_group_folds(
     order = np.argsort(-counts.std(axis=1) * rng.lognormal(0.0, 0.5, len(names)), kind="stable")
     per_fold = np.zeros((folds, len(classes)))
     group_fold = np.zeros(len(names), dtype=int)
+    group_event = np.zeros(len(names), dtype=int)
+    if events is not None:
+        _, event_ids = np.unique(events, return_inverse=True)
+        group_event[g] = event_ids
+    event_load = np.zeros((folds, int(group_event.max()) + 1), dtype=int)
     for gi in order:
         best, best_key = 0, None
         for f in range(folds):
             per_fold[f] += counts[gi]
             spread = float(np.mean(np.std(per_fold / totals, axis=0)))
             per_fold[f] -= counts[gi]
-            key = (round(spread, 12), per_fold[f].sum())
+            load = event_load[f, group_event[gi]] if events is not None else 0
+            # a first tile of its event goes where the fewest events are yet (small events apart)
+            present = int((event_load[f] > 0).sum()) if events is not None and load == 0 else 0
+            key = (load, present, round(spread, 12), per_fold[f].sum())
             if best_key is None or key < best_key:
                 best, best_key = f, key
         group_fold[gi] = best
         per_fold[best] += counts[gi]
+        event_load[best, group_event[gi]] += 1
     return group_fold[g]
 
 
@@ -188,6 +256,7 @@ def make_splits(
     by: str = "tile",
     seed: int = 0,
     *,
+    stratify: str = "class",
     verbose: bool = True,
 ) -> Path:
     """Write ``CHIPS/splits.csv`` atomically and log a per-fold summary.
@@ -197,6 +266,7 @@ def make_splits(
         folds: number of folds for ``by="tile"``.
         by: ``"tile"`` or ``"event"`` (see :func:`assign_folds`).
         seed: random seed; the same seed gives the same folds.
+        stratify: ``"class"`` or ``"event"`` (see :func:`assign_folds`).
         verbose: log the summary (INFO).
 
     Returns:
@@ -209,7 +279,7 @@ def make_splits(
     root = Path(chips)
     manifest = read_manifest(root)
     try:
-        splits = assign_folds(manifest, folds=folds, by=by, seed=seed)
+        splits = assign_folds(manifest, folds=folds, by=by, seed=seed, stratify=stratify)
     except SplitError as exc:
         raise SplitError(f"{root}: {exc}") from exc
     out = root / SPLITS
@@ -217,7 +287,7 @@ def make_splits(
         splits.to_csv(tmp, index=False, columns=list(SPLIT_COLUMNS))
     if verbose:
         what = f"{splits['fold'].nunique()} folds by {by}" + (
-            f" (seed {seed})" if by == "tile" else ""
+            f" (seed {seed}, stratified by {stratify})" if by == "tile" else ""
         )
         log.info(f"{len(splits)} chips in {what}:")
         log.info(split_summary(splits, manifest))

@@ -42,3 +42,35 @@ def test_experiment_commands_parse_and_overrides_apply():
         configs = args.config if isinstance(args.config, list) else [args.config]
         for config in configs:
             load_yaml(Config, REPO / config, args.set)
+
+
+def test_cpu_configs_differ_only_where_their_method_does():
+    """cpu-local against cpu-l-scl: only the loss changed; cpu-scl also drops the latent module.
+    cpu-local is LOCAL as the paper defines it (signed latent map, unit z)."""
+    from dataclasses import asdict
+
+    from local_damage.train.config import fidelity_notes
+
+    def flat(stem: str) -> dict:
+        cfg = load_yaml(Config, REPO / "configs" / f"{stem}.yaml")
+        out = {f"{k}.{kk}": vv for k, v in asdict(cfg).items() for kk, vv in v.items()}
+        return out
+
+    local, l_scl, scl = flat("cpu-local"), flat("cpu-l-scl"), flat("cpu-scl")
+    assert local["loss.method"] == "local" and not local["model.latent_abs"]
+    assert (
+        local["loss.normalize_z"]
+        and fidelity_notes(load_yaml(Config, REPO / "configs" / "cpu-local.yaml")) == []
+    )
+    assert {k for k in local if local[k] != l_scl[k]} == {"loss.method"}
+    assert {k for k in local if local[k] != scl[k]} == {"loss.method", "model.latent_blocks"}
+    # the CPU scale of the bundled model's recipe
+    default = flat("default")
+    for key in (
+        "model.encoder",
+        "data.input_size",
+        "train.batch_size",
+        "train.epochs",
+        "loss.temperature",
+    ):
+        assert local[key] == default[key], key

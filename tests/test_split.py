@@ -10,7 +10,15 @@ import pandas as pd
 import pytest
 
 from data_prep.spec import CLASS_NAMES
-from data_prep.split import SPLITS, assign_folds, fold_indices, load_splits, make_splits
+from data_prep.split import (
+    SPLITS,
+    SplitError,
+    assign_folds,
+    fold_indices,
+    inner_folds,
+    load_splits,
+    make_splits,
+)
 from data_prep.store import read_manifest, write_manifest
 
 EVENTS = ("flood-a", "quake-b", "storm-c")
@@ -242,3 +250,62 @@ def test_split_json_counts_what_splits_csv_holds(store, capsys):
         assert got[fold]["chips"] == len(part) and got[fold]["tiles"] == part["tile"].nunique()
         assert sum(got[fold]["per_class"].values()) == len(part)
     assert err == ""  # --quiet: no summary, no "wrote"
+
+
+def uneven_store(root: Path) -> Path:
+    """Tiles of four events: 18 of one, 6, 3 and 2 of the others (as the real xBD tiles go)."""
+    write_store(root, n_tiles=18, events=("wildfire-a",), seed=3)
+    big = read_manifest(root).to_dict("records")
+    rows = list(big)
+    for event, n in (("flood-b", 6), ("volcano-c", 3), ("tornado-d", 2)):
+        write_store(root, n_tiles=n, events=(event,), seed=n)
+        rows += read_manifest(root).to_dict("records")
+    write_manifest(root, rows)
+    return root
+
+
+@pytest.mark.parametrize("seed", [0, 1, 14])
+def test_stratify_event_deals_every_event_round_the_folds(tmp_path, seed):
+    store = uneven_store(tmp_path / "chips")
+    manifest = read_manifest(store)
+    splits = assign_folds(manifest, folds=5, by="tile", seed=seed, stratify="event")
+    per = splits.groupby(["event", "fold"])["tile"].nunique().unstack(fill_value=0)
+    for event, row in per.iterrows():
+        n_tiles = manifest.loc[manifest["event"] == event, "tile"].nunique()
+        if n_tiles >= 5:  # every fold holds tiles of it, as evenly as whole tiles allow
+            assert (row > 0).all() and row.max() - row.min() <= 1, (event, row.tolist())
+        else:  # each tile in a fold of its own
+            assert int((row > 0).sum()) == n_tiles, (event, row.tolist())
+    # the two small events take different folds: 2 + 3 tiles cover all 5 folds
+    small = per.loc[["volcano-c", "tornado-d"]]
+    assert ((small > 0).sum(axis=0) == 1).all(), small
+    # by class alone the same tiles do not deal every event round the folds
+    by_class = assign_folds(manifest, folds=5, by="tile", seed=seed)
+    counts = by_class.groupby(["event", "fold"])["tile"].nunique().unstack(fill_value=0)
+    assert counts.loc["flood-b"].max() - counts.loc["flood-b"].min() > 1 or (
+        counts.loc[["volcano-c", "tornado-d"]].gt(0).sum(axis=0).max() > 1
+    )
+
+
+def test_stratify_class_is_the_default_and_unknown_is_refused(store):
+    manifest = read_manifest(store)
+    default = assign_folds(manifest, folds=5, by="tile", seed=2)
+    explicit = assign_folds(manifest, folds=5, by="tile", seed=2, stratify="class")
+    assert default.equals(explicit)
+    with pytest.raises(SplitError, match="unknown split --stratify 'tiles'"):
+        assign_folds(manifest, folds=5, by="tile", seed=2, stratify="tiles")
+
+
+def test_inner_folds_never_hold_the_outer_test_fold(store):
+    make_splits(store, folds=5, by="tile", seed=0, stratify="event", verbose=False)
+    splits, manifest = load_splits(store), read_manifest(store)
+    for outer in range(5):
+        inner = inner_folds(splits, manifest, outer, folds=3, seed=1)
+        test_ids = set(splits.loc[splits["fold"] == outer, "chip_id"])
+        assert set(inner["chip_id"]) == set(manifest["chip_id"]) - test_ids
+        assert sorted(inner["fold"].unique()) == [0, 1, 2]
+        assert (inner.groupby("tile")["fold"].nunique() == 1).all()
+    with pytest.raises(SplitError, match="no outer fold 7"):
+        inner_folds(splits, manifest, 7, folds=3)
+    with pytest.raises(SplitError, match="inner folds of outer fold 0"):
+        inner_folds(splits, manifest, 0, folds=500)

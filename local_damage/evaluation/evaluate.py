@@ -10,7 +10,8 @@ Outputs in ``OUT/``::
 
     metrics.json          classification metrics, ``calibration`` and ``representation`` blocks
                           and the ``source``
-    predictions.csv       chip_id, label, pred, one probability column per class
+    predictions.csv       chip_id, label, pred, one probability column per class, then one
+                          raw logit column per class (for calibration fitted afterwards)
     confusion_matrix.png
     reliability.png       reliability diagram: accuracy per confidence bin, before and after
                           calibration when the model has a temperature
@@ -331,15 +332,25 @@ def per_event_metrics(
 
 
 def write_predictions(path: str | Path, scored: Scored, class_names: Sequence[str]) -> None:
-    """Write ``predictions.csv``: chip_id, label, pred, ``p_<class>`` for every class."""
+    """Write ``predictions.csv``: chip_id, label, pred, ``p_<class>`` then ``logit_<class>``
+    for every class (the logits raw, before any temperature)."""
     preds = scored.predictions
     with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["chip_id", "label", "pred", *(f"p_{name}" for name in class_names)])
+        writer.writerow(
+            [
+                "chip_id",
+                "label",
+                "pred",
+                *(f"p_{name}" for name in class_names),
+                *(f"logit_{name}" for name in class_names),
+            ]
+        )
         for i, chip_id in enumerate(scored.chip_ids):
             writer.writerow(
                 [chip_id, int(scored.labels[i]), int(preds[i])]
                 + [f"{float(p):.6f}" for p in scored.probabilities[i]]
+                + [f"{float(v):.6f}" for v in scored.logits[i]]
             )
 
 

@@ -9,7 +9,16 @@ and then evaluated on it (see :mod:`local_damage.evaluation.evaluate`; no t-SNE)
 - Table 3 (``table3.md/.csv``): per-class F1 (mean over the folds where the class occurs) with
   the class's prevalence among the evaluated chips, one column per method, and a last row
   "f1-macro / accuracy";
-- ``cv_results.json``: every fold's full metrics and the aggregates.
+- ``cv_results.json``: every fold's full metrics and the aggregates;
+- ``cv_table.md``: per method, accuracy, macro-F1, per-class F1, the share of buildings on
+  intact tiles graded damaged and the ECE, as mean (min-max) over folds, pooled, per fold and per
+  event; and ``<method>/oof_predictions.csv``, every fold's predictions (probabilities and raw
+  logits) pooled (:mod:`local_damage.experiments.cv_report`).
+
+With ``inner=K`` the configs are candidate recipes rather than methods: for each outer fold one
+of them is chosen on ``K`` inner folds of its training tiles
+(:mod:`local_damage.experiments.nested`) and only that one is trained on the training tiles and
+scored on the test fold, as the method ``selected`` (runs in ``OUT/selected/fold<K>``).
 
 Markdown shows percentages with two decimals as in the paper; CSV and JSON keep fractions.
 The command is resumable: a fold whose run folder has ``summary.json`` and ``metrics.json`` is
@@ -19,7 +28,6 @@ training. A fold that fails is reported at the end; the others still make the ta
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from collections.abc import Sequence
@@ -31,10 +39,13 @@ import numpy as np
 from data_prep.errors import LocalDamageError
 from data_prep.spec import CLASS_NAMES
 from data_prep.split import load_splits
-from data_prep.store import atomic_path, read_manifest, safe_name, write_json
+from data_prep.store import read_manifest, safe_name
 from local_damage.config import ConfigError, load_yaml, to_dict
 from local_damage.evaluation.evaluate import METRICS_JSON, evaluate_chips
 from local_damage.evaluation.torch_scorer import TorchScorer
+from local_damage.experiments.cv_report import protocol_summary, write_protocol_table
+from local_damage.experiments.cv_tables import write_tables
+from local_damage.experiments.nested import choose_recipe
 from local_damage.metrics import classification_metrics
 from local_damage.train.checkpoint import LAST_DIR
 from local_damage.train.config import Config
@@ -42,7 +53,6 @@ from local_damage.train.loop import SUMMARY, train
 
 log = logging.getLogger(__name__)
 
-CV_RESULTS = "cv_results.json"
 #: Exceptions that fail one fold without stopping the others.
 FOLD_ERRORS = (FileNotFoundError, ValueError, KeyError, RuntimeError)
 
@@ -252,149 +262,6 @@ def prevalence(chips: str | Path, folds: Sequence[int], class_names: Sequence[st
     }
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.2f}"
-
-
-def _range(stats: dict) -> str:
-    if stats["mean"] is None:
-        return "n/a"
-    return f"{_pct(stats['mean'])} ({_pct(stats['min'])}-{_pct(stats['max'])})"
-
-
-def _pooled(summary: dict, keys: Sequence[str]) -> str:
-    pooled = summary.get("pooled")
-    if not pooled:
-        return "n/a"
-    return " / ".join(_pct(pooled[k]) for k in keys)
-
-
-def _pooled_classes(summary: dict, names: Sequence[str]) -> str:
-    pooled = summary.get("pooled")
-    if not pooled:
-        return "n/a"
-    return " / ".join(
-        _pct(pooled["per_class"][n]["f1"]) if n in pooled["per_class"] else "n/a" for n in names
-    )
-
-
-def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def table2(results: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """Table 2: accuracy (and macro-F1) as mean (min-max) over folds, one row per method.
-
-    Returns:
-        ``(markdown, csv_rows)``; markdown in percent, CSV rows in fractions.
-    """
-    header = [
-        "method",
-        "loss",
-        "BS",
-        "input size",
-        "folds",
-        "accuracy %",
-        "macro-F1 %",
-        "pooled accuracy / macro-F1 %",
-        "pooled minor / major F1 %",
-        "max |cos|",
-    ]
-    rows, records = [], []
-    for m in results["methods"]:
-        s = m["summary"]
-        size = m["input_size"]
-        rows.append(
-            [
-                m["name"],
-                m["loss"],
-                str(m["batch_size"]),
-                f"{size}x{size}",
-                str(s["folds"]),
-                _range(s["accuracy"]),
-                _range(s["macro_f1"]),
-                _pooled(s, ("accuracy", "macro_f1")),
-                _pooled_classes(s, ("minor-damage", "major-damage")),
-                "n/a" if s["max_abs_cos"]["mean"] is None else f"{s['max_abs_cos']['mean']:.3f}",
-            ]
-        )
-        record = {
-            "method": m["name"],
-            "loss": m["loss"],
-            "batch_size": m["batch_size"],
-            "input_size": size,
-            "folds": s["folds"],
-        }
-        for key in ("accuracy", "macro_f1"):
-            for stat in ("mean", "min", "max"):
-                record[f"{key}_{stat}"] = s[key][stat]
-        pooled = s.get("pooled") or {}
-        record["pooled_accuracy"] = pooled.get("accuracy")
-        record["pooled_macro_f1"] = pooled.get("macro_f1")
-        for name, scores in (pooled.get("per_class") or {}).items():
-            record[f"pooled_f1_{name}"] = scores["f1"]
-        record["max_abs_cos_mean"] = s["max_abs_cos"]["mean"]
-        records.append(record)
-    title = f"Accuracy over {len(results['folds'])}-fold cross-validation: mean (min-max)\n\n"
-    return title + _markdown(header, rows), records
-
-
-def table3(results: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """Table 3: per-class F1 with prevalence, one column per method, then macro-F1 / accuracy.
-
-    Returns:
-        ``(markdown, csv_rows)``; markdown in percent, CSV rows in fractions (the last two CSV
-        rows are ``f1-macro`` and ``accuracy``).
-    """
-    names = [m["name"] for m in results["methods"]]
-    share = results["prevalence"]["share"]
-    rows, records = [], []
-    for cls in results["class_names"]:
-        f1s = [m["summary"]["per_class_f1"][cls] for m in results["methods"]]
-        prev = share[cls]
-        rows.append([cls, "n/a" if prev is None else f"{100 * prev:.2f}%", *map(_pct, f1s)])
-        records.append({"class": cls, "prevalence": prev, **dict(zip(names, f1s, strict=True))})
-    macro = [m["summary"]["macro_f1"]["mean"] for m in results["methods"]]
-    acc = [m["summary"]["accuracy"]["mean"] for m in results["methods"]]
-    rows.append(
-        [
-            "f1-macro / accuracy",
-            "",
-            *(f"{_pct(f)} / {_pct(a)}" for f, a in zip(macro, acc, strict=True)),
-        ]
-    )
-    records.append(
-        {"class": "f1-macro", "prevalence": None, **dict(zip(names, macro, strict=True))}
-    )
-    records.append({"class": "accuracy", "prevalence": None, **dict(zip(names, acc, strict=True))})
-    title = f"Per-class F1 (mean over folds), {results['prevalence']['n']} evaluated chips\n\n"
-    return title + _markdown(["class", "prevalence", *names], rows), records
-
-
-def _write_csv(path: Path, records: list[dict[str, Any]]) -> None:
-    with atomic_path(path, suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else [])
-        writer.writeheader()
-        for record in records:
-            writer.writerow({k: "" if v is None else v for k, v in record.items()})
-
-
-def write_tables(results: dict[str, Any], out: str | Path) -> tuple[str, str]:
-    """Write cv_results.json, table2.md/.csv and table3.md/.csv; return the two markdown tables."""
-    out = Path(out)
-    write_json(out / CV_RESULTS, results)
-    tables = []
-    for name, build in (("table2", table2), ("table3", table3)):
-        markdown, records = build(results)
-        with atomic_path(out / f"{name}.md", suffix=".md") as tmp:
-            tmp.write_text(markdown)
-        _write_csv(out / f"{name}.csv", records)
-        tables.append(markdown)
-    return tables[0], tables[1]
-
-
 def cross_validate(
     configs: Sequence[str | Path],
     chips: str | Path,
@@ -405,6 +272,8 @@ def cross_validate(
     views: int = 2,
     progress: bool = True,
     holdout: int | None = None,
+    inner: int = 0,
+    inner_seed: int = 0,
 ) -> dict[str, Any]:
     """Train and evaluate every config on every fold; write the tables to ``out``.
 
@@ -419,11 +288,15 @@ def cross_validate(
         progress: show training progress bars and per-epoch lines.
         holdout: a fold of splits.csv kept out of every training run and never evaluated (the
             test tiles of a model whose figures must not be tuned on); it cannot be in ``folds``.
+        inner: 0 reports every config as a method; ``K >= 2`` chooses one config per outer fold
+            on ``K`` inner folds of its training tiles and reports the choices as ``selected``.
+        inner_seed: seed of the inner folds' dealing.
 
     Returns:
         The results written to ``out/cv_results.json``: ``chips``, ``folds``, ``class_names``,
-        ``prevalence``, ``methods`` (each with its ``folds`` metrics and ``summary``) and
-        ``failed`` (method, fold, error of every fold that could not be run).
+        ``prevalence``, ``methods`` (each with its ``folds`` metrics, ``summary`` and
+        ``protocol`` (:func:`~local_damage.experiments.cv_report.protocol_summary`), and with
+        ``inner`` its ``recipes`` per fold) and ``failed`` (method, fold, error of every fold that could not be run).
 
     Raises:
         CrossValidationError: a config cannot be loaded, names clash, a fold is not in
@@ -465,12 +338,29 @@ def cross_validate(
         if not folds:
             raise CrossValidationError(f"no fold left to validate on besides held-out {holdout}")
     folds = list(dict.fromkeys(int(f) for f in folds))
+    if inner == 1 or inner < 0:
+        raise CrossValidationError(
+            f"--inner must be 0 (no recipe choice) or at least 2, got {inner}"
+        )
+    if inner and holdout is not None:
+        raise CrossValidationError(
+            "--inner and --holdout do not go together: each outer fold is a test fold"
+        )
     for name, cfg in zip(labels, loaded, strict=True):  # before any training, not midway
         for fold in folds:
-            check_run_config(out / name / f"fold{fold}", cfg)
-            check_run_holdout(out / name / f"fold{fold}", holdout)
+            if inner:
+                for j in range(inner):
+                    check_run_config(out / "inner" / f"outer{fold}" / name / f"fold{j}", cfg)
+            else:
+                check_run_config(out / name / f"fold{fold}", cfg)
+                check_run_holdout(out / name / f"fold{fold}", holdout)
 
     for name, cfg in zip(labels, loaded, strict=True):
+        if cfg.train.patience > 0 and not inner:
+            log.warning(
+                f"[{name}] train.patience={cfg.train.patience}: training may stop early on the "
+                "test fold's macro-F1, a choice made on it; --set train.patience=0 stops no run early"
+            )
         if cfg.train.keep == "best":
             log.warning(
                 f"[{name}] train.keep=best: each fold is evaluated with the epoch of best macro-F1 "
@@ -479,7 +369,24 @@ def cross_validate(
             )
 
     methods, failed = [], []
+    if inner:
+        methods.append(
+            _selected_method(
+                list(zip(labels, loaded, strict=True)),
+                chips,
+                out,
+                folds,
+                inner,
+                inner_seed,
+                views,
+                progress,
+                class_names,
+                failed,
+            )
+        )
     for name, path, cfg in zip(labels, configs, loaded, strict=True):
+        if inner:
+            break
         fold_metrics: dict[str, dict] = {}
         for fold in folds:
             run = out / name / f"fold{fold}"
@@ -508,6 +415,12 @@ def cross_validate(
                 "input_size": cfg.data.input_size,
                 "folds": fold_metrics,
                 "summary": summarise_method(fold_metrics, class_names),
+                "protocol": protocol_summary(
+                    {int(f): out / name / f"fold{f}" for f in fold_metrics},
+                    chips,
+                    class_names,
+                    out / name,
+                ),
             }
         )
     results = {
@@ -515,10 +428,57 @@ def cross_validate(
         "folds": folds,
         "holdout": holdout,
         "overrides": list(overrides),
+        "inner": inner,
         "class_names": class_names,
         "prevalence": prevalence(chips, folds, class_names),
         "methods": methods,
         "failed": failed,
     }
     write_tables(results, out)
+    write_protocol_table(methods, class_names, out)
     return results
+
+
+def _selected_method(
+    candidates, chips, out, folds, inner, inner_seed, views, progress, class_names, failed
+) -> dict[str, Any]:
+    """Per outer fold: choose a candidate on inner folds, train it without the fold, score it."""
+    by_name = dict(candidates)
+    fold_metrics: dict[str, dict] = {}
+    recipes: dict[str, str] = {}
+    for fold in folds:
+        try:
+            chosen, _ = choose_recipe(candidates, chips, out, fold, inner, inner_seed, progress)
+            run = out / "selected" / f"fold{fold}"
+            metrics, how = run_fold(
+                by_name[chosen], chips, run, fold, views=views, progress=progress
+            )
+        except FOLD_ERRORS as exc:
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            log.warning(f"[selected fold {fold}] failed: {message}")
+            failed.append({"method": "selected", "fold": fold, "error": message})
+            continue
+        log.info(
+            f"[selected fold {fold}] {chosen}, {how}: accuracy {metrics['accuracy']:.4f}, "
+            f"macro-F1 {metrics['macro_f1']:.4f}"
+        )
+        fold_metrics[str(fold)] = metrics
+        recipes[str(fold)] = chosen
+    first = candidates[0][1]
+    return {
+        "name": "selected",
+        "config": ", ".join(n for n, _ in candidates),
+        "loss": "/".join(sorted({by_name[r].loss.method for r in recipes.values()})) or "n/a",
+        "encoder": first.model.encoder,
+        "batch_size": first.train.batch_size,
+        "input_size": first.data.input_size,
+        "recipes": recipes,
+        "folds": fold_metrics,
+        "summary": summarise_method(fold_metrics, class_names),
+        "protocol": protocol_summary(
+            {int(f): out / "selected" / f"fold{f}" for f in fold_metrics},
+            chips,
+            class_names,
+            out / "selected",
+        ),
+    }

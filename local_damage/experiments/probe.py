@@ -11,6 +11,9 @@ respect to the encoder's weights separately. It reports, averaged over the batch
   each step is spent on that term;
 - the cosine between each contrastive term's gradient and the cross-entropy's: whether the term
   helps (> 0), is indifferent (about 0) or fights (< 0) the grading;
+- over pairs of different classes, the share whose ``<l_i, l_n>`` is below 0 and the mean of
+  ``|<l_i, l_n>|``: with no negative inner product, the absolute value OCL puts on negatives
+  changes nothing and OCL on ``l`` is SCL on ``l``;
 - per class, the norm of the raw latent map ``mean_c(f_pre - f_post)`` before it is normalised
   into ``l``, and the mean cosine between ``l`` (and ``z``) of two pairs of that class: a class
   whose pre/post features barely differ (no damage) has a small raw map whose direction is
@@ -66,7 +69,11 @@ def probe(
 
     Returns:
         ``{"alpha", "beta", "terms": {name: {"grad_norm", "ratio_to_wce", "cos_with_wce"}},
-        "per_class": {class: {"n", "latent_raw_norm", "l_within_cos", "z_within_cos"}}}``.
+        "latent_negatives": {"share_below_zero", "mean_abs_inner"}, "per_class": {class: {"n",
+        "latent_raw_norm", "l_within_cos", "z_within_cos"}}}``. ``latent_negatives`` describes the
+        inner products ``<l_i, l_n>`` of pairs of different classes: the share below 0 (0 means
+        every one is >= 0, where OCL on ``l`` is SCL on ``l``) and their mean absolute value
+        (what OCL drives to 0); None without a latent term.
 
     Raises:
         ProbeError: ``batches`` < 1, no manifest, no splits.csv or no such holdout fold, or
@@ -133,10 +140,10 @@ def probe(
         terms = {}
         if objective.contrastive is not None:
             terms["contrastive_z"] = alpha * objective.contrastive_z(z, y)
-        raw_map = None
+        raw_map = l_emb = None
         if spec.latent and model.latent is not None:
-            raw_map = model.latent.latent_map(feats_pre, feats_post).flatten(1)
-            l_emb = torch.nn.functional.normalize(raw_map, dim=1)
+            l_emb, latent_map = model.latent(feats_pre, feats_post)  # centred when configured
+            raw_map = latent_map.flatten(1)
             terms["contrastive_l"] = alpha * objective.beta * objective.contrastive(l_emb, y)
         for name, loss in terms.items():
             g = flat_grad(loss)
@@ -147,7 +154,12 @@ def probe(
             add(sums, f"{name}.cos_with_wce", cos)
         with torch.no_grad():
             zn = torch.nn.functional.normalize(z, dim=1)
-            ln = torch.nn.functional.normalize(raw_map, dim=1) if raw_map is not None else None
+            ln = l_emb
+            negative = y[:, None] != y[None, :]
+            if ln is not None and bool(negative.any()):
+                inner = (ln @ ln.T)[negative]
+                add(sums, "l.negatives_below_zero", (inner < 0).float().mean())
+                add(sums, "l.negatives_abs_inner", inner.abs().mean())
             for c in range(k):
                 idx = torch.nonzero(y == c).flatten()
                 if len(idx) == 0:
@@ -181,6 +193,10 @@ def probe(
         }
         for name in term_names
     }
+    latent_negatives = {
+        "share_below_zero": mean(sums.get("l.negatives_below_zero")),
+        "mean_abs_inner": mean(sums.get("l.negatives_abs_inner")),
+    }
     result_terms["wce"]["ratio_to_wce"] = 1.0
     result_terms["wce"]["cos_with_wce"] = 1.0
     return {
@@ -191,6 +207,7 @@ def probe(
         "init": None if init is None else str(init),
         "batches": min(batches, len(loader)),
         "terms": result_terms,
+        "latent_negatives": latent_negatives,
         "per_class": {
             CLASS_NAMES[c]: {
                 "n": int(sum(stats.get("n", []))),
@@ -230,4 +247,16 @@ def format_probe(result: dict[str, Any]) -> str:
             f"| {name} | {c['n']} | {f(c['latent_raw_norm'], 4)} | {f(c['l_within_cos'])} | "
             f"{f(c['z_within_cos'])} |"
         )
+    neg = result.get("latent_negatives") or {}
+    if neg.get("share_below_zero") is not None:
+        lines += [
+            "",
+            f"pairs of different classes: share with <l_i, l_n> < 0 {f(neg['share_below_zero'])}, "
+            f"mean |<l_i, l_n>| {f(neg['mean_abs_inner'])}"
+            + (
+                " (no negative inner product: OCL on l is SCL on l)"
+                if neg["share_below_zero"] == 0
+                else ""
+            ),
+        ]
     return "\n".join(lines)

@@ -225,16 +225,17 @@ class LossConfig:
 
     Attributes:
         method: one of `METHODS` ("local", "l-scl", "scl", "ce").
-        temperature: contrastive temperature; the paper gives no value, 0.1 is the usual SupCon
-            choice (Khosla et al. 2020).
+        temperature: contrastive temperature; the paper gives no value, 0.1 is ours (the usual
+            SupCon choice, Khosla et al. 2020).
         beta: weight of the latent term ``OCL(l)`` (Eq. 5); 1.0 weighs both embeddings equally.
         alpha0: alpha at epoch 0.
         alpha_schedule: "constant", "inverse" or "linear" (see `alpha_at`).
         alpha_min: floor of "inverse", end point of "linear".
-        normalize_z: the contrastive loss on ``z`` compares pairs by cosine (True, the paper's
-            "cosine similarity" reading) or by the raw inner products of the unnormalised
-            ``z = W [e_pre, e_post]`` (False, Eq. 2 read literally: ``e`` is unit norm, ``z`` is
-            not re-normalised, so an unchanged building has a short ``z``).
+        normalize_z: the contrastive loss on ``z`` compares pairs by cosine (True: the unit
+            vectors the paper's theorems take) or by the raw inner products of the unnormalised
+            ``z = W [e_pre, e_post]`` (False: ``e`` is unit norm but ``z`` is not re-normalised,
+            so an unchanged building has a short ``z`` and inner products reach 4; a departure
+            from the paper that the default model's recipe takes).
     """
 
     method: str = "local"

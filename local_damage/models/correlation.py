@@ -145,7 +145,15 @@ class LatentCorrelation(nn.Module):
             channels initialised to ``[I, -I]``) instead of the fixed difference.
         absolute: Average ``|W_i [f_pre, f_post]|`` over channels instead of the signed
             correlation (the paper's reading): signed differences of opposite sign in different
-            channels cancel in the mean, absolute ones add up.
+            channels cancel in the mean, absolute ones add up. Every entry of the map is then
+            ``>= 0``, so every inner product ``<l_i, l_n>`` is ``>= 0`` and the absolute value
+            that OCL puts on negatives changes nothing: OCL on such an ``l`` is SCL on it
+            (unless ``centre`` is set).
+        centre: Subtract each map's mean over its ``S x S`` positions before ``l`` is
+            L2-normalised (``l = normalize(m - mean(m))``), so that ``l`` lies in the subspace
+            orthogonal to the all-ones vector: inner products of ``l`` take both signs and
+            OCL can push negatives to perpendicular from both sides. The map returned for
+            display (``latent_map``, the change map) is not centred.
 
     With the fixed ``W_i`` the channel mean is taken per block before resizing (``mean_c(f_pre -
     f_post)`` resized, weighted by ``d_i``): the same map as resizing and concatenating every
@@ -160,6 +168,7 @@ class LatentCorrelation(nn.Module):
         latent_size: int = 8,
         learnable: bool = False,
         absolute: bool = False,
+        centre: bool = False,
     ) -> None:
         super().__init__()
         blocks = parse_blocks(blocks)
@@ -176,6 +185,7 @@ class LatentCorrelation(nn.Module):
         self.latent_size = latent_size
         self.learnable = learnable
         self.absolute = absolute
+        self.centre = centre
         self.feature_index = [FIRST_BLOCK_FEATURE + b - 1 for b in blocks]
         dims = [int(channels[i]) for i in self.feature_index]
         total = sum(dims)
@@ -215,12 +225,19 @@ class LatentCorrelation(nn.Module):
     def forward(
         self, pre: Sequence[torch.Tensor], post: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(l, latent_map)``: ``l`` ``[B, S*S]`` unit norm and the map ``[B, 1, S, S]``."""
+        """Return ``(l, latent_map)``: ``l`` ``[B, S*S]`` unit norm and the map ``[B, 1, S, S]``.
+
+        ``l`` is the flattened map, centred over its positions when ``centre`` is set, then
+        L2-normalised (a map that is constant over its positions gives ``l = 0`` when centred).
+        """
         m = self.latent_map(pre, post)
-        return F.normalize(m.flatten(1), dim=1), m
+        flat = m.flatten(1)
+        if self.centre:
+            flat = flat - flat.mean(dim=1, keepdim=True)
+        return F.normalize(flat, dim=1), m
 
     def extra_repr(self) -> str:
         return (
             f"blocks={format_blocks(self.blocks)!r}, latent_size={self.latent_size}, "
-            f"learnable={self.learnable}, absolute={self.absolute}"
+            f"learnable={self.learnable}, absolute={self.absolute}, centre={self.centre}"
         )

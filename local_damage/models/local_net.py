@@ -47,7 +47,13 @@ class ModelConfig:
         learnable_correlation: Learn ``W`` (initialised to ``[I, -I]``) in the latent module and
             for ``z`` instead of the fixed difference the paper uses.
         latent_abs: Average the absolute correlation ``|W_i [f_pre, f_post]|`` over channels
-            instead of the signed one the paper describes (an ablation; see docs/method.md).
+            instead of the signed one the paper describes. Every entry of ``l`` is then ``>= 0``,
+            so OCL on ``l`` is exactly SCL on ``l`` unless ``latent_centre`` is set (the
+            recipe of the bundled default model does this; see docs/method.md).
+        latent_centre: Centre ``l`` over its ``S x S`` positions before L2-normalising it, so
+            its inner products take both signs and OCL pushes negatives to perpendicular from
+            both sides (a reading of the paper's "flattened and normalized" as standardised;
+            with ``latent_abs`` it is what makes the latent term orthonormal at all).
         latent_size: Side ``S`` of the common grid of the latent maps (``D_L = S * S``). The
             default 8 is the block-3 grid of a 128 px chip (blocks 1-4 are 32, 16, 8, 4 px there),
             the middle of the hierarchy: two blocks are pooled, one up-sampled, none by more than
@@ -70,6 +76,7 @@ class ModelConfig:
     latent_blocks: str | None = "1-2-3-4"
     learnable_correlation: bool = False
     latent_abs: bool = False
+    latent_centre: bool = False
     latent_size: int = 8
     proj_hidden: int = 512
     embed_dim: int = 128
@@ -161,7 +168,12 @@ class LocalNet(nn.Module):
         blocks = parse_blocks(cfg.latent_blocks)
         self.latent = (
             LatentCorrelation(
-                channels, blocks, cfg.latent_size, cfg.learnable_correlation, cfg.latent_abs
+                channels,
+                blocks,
+                cfg.latent_size,
+                cfg.learnable_correlation,
+                cfg.latent_abs,
+                cfg.latent_centre,
             )
             if blocks
             else None

@@ -114,3 +114,32 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def fidelity_notes(cfg: Config) -> list[str]:
+    """Where a config's objective departs from the LOCAL paper (Sec. 3.2-3.4), one line each.
+
+    - ``model.latent_abs`` without ``model.latent_centre`` for LOCAL: every entry of
+      ``l`` is ``>= 0``, so every ``<l_i, l_n>`` is ``>= 0``, the absolute value on negatives
+      changes nothing, and OCL on ``l`` is exactly SCL on ``l`` (no orthonormal latent term).
+    - ``loss.normalize_z: false`` for a contrastive method: ``z = e_pre - e_post`` is compared by
+      raw inner products (norms up to 2, inner products up to 4), where the paper's theorems
+      (3.1, 3.2) take unit vectors.
+
+    Empty when the config follows the paper on both points.
+    """
+    notes = []
+    method = cfg.loss.method
+    model = cfg.model
+    if method == "local" and model.latent_blocks and model.latent_abs and not model.latent_centre:
+        notes.append(
+            "model.latent_abs=true makes every latent vector l non-negative, so every "
+            "<l_i, l_n> >= 0 and OCL on l is exactly SCL on l; model.latent_abs=false (the "
+            "paper's signed map) gives the orthonormal latent term"
+        )
+    if method != "ce" and not cfg.loss.normalize_z:
+        notes.append(
+            "loss.normalize_z=false compares z = e_pre - e_post by raw inner products (up to 4); "
+            "the paper's theorems take unit vectors (loss.normalize_z=true)"
+        )
+    return notes

@@ -30,7 +30,7 @@ from local_damage.losses.objective import uses_latent
 from local_damage.models import build_model
 from local_damage.train import checkpoint as ckpt
 from local_damage.train.checkpoint import Standing
-from local_damage.train.config import Config
+from local_damage.train.config import Config, fidelity_notes
 from local_damage.train.curves import plot_curves
 from local_damage.train.device import resolve_device
 from local_damage.train.distributed import (
@@ -185,6 +185,9 @@ def train(
         )
     elif is_main:
         start_run_folder(out, cfg)
+    if is_main:
+        for note in fidelity_notes(cfg):
+            log.warning(f"note: {note}")
     records = EpochRecords(out, cfg.train.epochs, progress) if is_main else None
 
     for epoch in range(start_epoch, cfg.train.epochs):

@@ -1,0 +1,162 @@
+"""Cross-validated figures beyond accuracy (`cv`'s cv_table.md and oof_predictions.csv) and the
+recipe choice on inner folds (`cv --inner K`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cli.main import main
+from data_prep.spec import CLASS_NAMES, ChipSpec
+from data_prep.store import read_manifest, write_manifest
+from local_damage.experiments.cv_report import (
+    OOF_CSV,
+    false_alarms,
+    intact_tiles,
+    protocol_summary,
+    protocol_table,
+)
+from local_damage.metrics.calibration import expected_calibration_error
+
+# tile, event, labels, predictions (one building each)
+TILES = [
+    ("quiet-1", "fire", [0, 0, 0, 0], [0, 3, 0, 1]),  # intact: 2 of 4 called damaged, 1 destroyed
+    ("burnt-1", "fire", [0, 3, 3, 3], [0, 3, 3, 0]),
+    ("quiet-2", "flood", [0, 0, 0], [0, 0, 0]),  # intact, no false alarm
+    ("mixed-2", "flood", [1, 2, 0, -1], [1, 1, 0, 0]),  # -1: unlabelled, never evaluated
+]
+FOLD_OF = {"quiet-1": 0, "burnt-1": 0, "quiet-2": 1, "mixed-2": 1}
+
+
+@pytest.fixture()
+def fake_cv(tmp_path):
+    """A manifest and two folds' predictions.csv as `evaluate` writes them."""
+    rows, preds = [], {0: [], 1: []}
+    rng = np.random.default_rng(0)
+    for tile, event, labels, predicted in TILES:
+        for i, (y, p) in enumerate(zip(labels, predicted, strict=True)):
+            chip = f"{tile}:{i}"
+            name = CLASS_NAMES[y] if y >= 0 else ""
+            rows.append(
+                {"chip_id": chip, "event": event, "tile": tile, "uid": str(i), "label": y,
+                 "label_name": name, "index": i}
+            )  # fmt: skip
+            if y < 0:
+                continue
+            logits = rng.normal(size=len(CLASS_NAMES))
+            logits[p] += 3.0
+            prob = np.exp(logits) / np.exp(logits).sum()
+            preds[FOLD_OF[tile]].append(
+                {"chip_id": chip, "label": y, "pred": p}
+                | {f"p_{c}": prob[k] for k, c in enumerate(CLASS_NAMES)}
+                | {f"logit_{c}": logits[k] for k, c in enumerate(CLASS_NAMES)}
+            )
+    chips = tmp_path / "chips"
+    write_manifest(chips, rows)
+    runs = {}
+    for fold, items in preds.items():
+        run = tmp_path / "m" / f"fold{fold}"
+        run.mkdir(parents=True)
+        pd.DataFrame(items).to_csv(run / "predictions.csv", index=False)
+        runs[fold] = run
+    return chips, runs, tmp_path / "m"
+
+
+def test_intact_tiles_are_those_with_only_no_damage(fake_cv):
+    chips, _, _ = fake_cv
+    assert intact_tiles(read_manifest(chips)) == {"quiet-1", "quiet-2"}
+
+
+def test_protocol_summary_counts_false_alarms_ece_and_events(fake_cv):
+    chips, runs, out = fake_cv
+    names = list(CLASS_NAMES)
+    summary = protocol_summary(runs, chips, names, out)
+    oof = pd.read_csv(out / OOF_CSV, dtype={"chip_id": str})
+    # every labelled chip once, with its fold, tile, event and intact flag
+    assert len(oof) == 14 and oof["chip_id"].is_unique
+    assert set(oof.loc[oof["fold"] == 1, "tile"]) == {"quiet-2", "mixed-2"}
+    assert oof.loc[oof["tile"] == "quiet-1", "intact_tile"].all()
+    assert not oof.loc[oof["tile"] == "burnt-1", "intact_tile"].any()
+    assert {f"logit_{c}" for c in names} <= set(oof.columns)
+
+    f0, f1 = summary["folds"][0], summary["folds"][1]
+    assert f0["false_alarms"] == {"n": 4, "damaged": 2, "destroyed": 1, "share": 0.5}
+    assert f1["false_alarms"] == {"n": 3, "damaged": 0, "destroyed": 0, "share": 0.0}
+    assert summary["pooled"]["false_alarms"]["share"] == pytest.approx(2 / 7)
+    assert summary["over_folds"]["false_alarm_share"] == {"mean": 0.25, "min": 0.0, "max": 0.5}
+    assert f0["accuracy"] == pytest.approx(5 / 8)
+    assert f1["accuracy"] == pytest.approx(5 / 6)
+    # ECE per fold and on its intact tiles, from the probabilities
+    part = oof[oof["fold"] == 0]
+    probs = part[[f"p_{c}" for c in names]].to_numpy()
+    assert f0["ece"] == pytest.approx(expected_calibration_error(probs, part["label"].to_numpy()))
+    quiet = part[part["intact_tile"]]
+    assert f0["ece_intact"] == pytest.approx(
+        expected_calibration_error(
+            quiet[[f"p_{c}" for c in names]].to_numpy(), quiet["label"].to_numpy()
+        )
+    )
+    # per event, pooled: absent classes have no F1 and stay out of the macro-F1
+    flood = summary["per_event"]["flood"]
+    assert flood["n"] == 6 and flood["per_class_f1"]["destroyed"] is None
+    assert flood["per_class_f1"]["major-damage"] == 0.0
+    assert flood["macro_f1"] == pytest.approx(np.mean([1.0, 2 / 3, 0.0]))
+    text = protocol_table([{"name": "m", "protocol": summary}], names)
+    assert "| m | 0 |" in text and "50.0% (2/4; 1 destroyed)" in text
+    assert "| m | flood | 6 |" in text
+
+
+def test_false_alarms_without_intact_tiles_are_none():
+    frame = pd.DataFrame({"intact_tile": [False, False], "pred": [0, 3]})
+    assert false_alarms(frame, list(CLASS_NAMES)) is None
+
+
+TINY = """\
+model: {{encoder: resnet18, proj_hidden: 16, cls_hidden: 16, embed_dim: 8, latent_size: 4}}
+loss: {{method: {method}}}
+data: {{input_size: 32}}
+train: {{batch_size: 2, epochs: 1, max_steps_per_epoch: 1, patience: 0, keep: last}}
+"""
+
+
+def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
+    from data_prep.split import load_splits, make_splits
+    from data_prep.xbd import prepare_xbd
+
+    chips = tmp_path / "chips"
+    prepare_xbd([synthetic_xbd], chips, spec=ChipSpec(chip_size=64, min_size=48), progress=False)
+    make_splits(chips, folds=2, seed=0, stratify="event", verbose=False)
+    configs = []
+    for name in ("local", "ce"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(TINY.format(method=name))
+        configs.append(str(path))
+    out = tmp_path / "cv"
+    argv = ["cv", "--config", *configs, "--chips", str(chips), "--out", str(out)]
+    assert main([*argv, "--folds", "0", "--inner", "2", "--views", "1", "--quiet"]) == 0
+    results = json.loads((out / "cv_results.json").read_text())
+    assert [m["name"] for m in results["methods"]] == ["selected"]
+    selection = json.loads((out / "inner" / "outer0" / "selection.json").read_text())
+    means = {n: c["mean"] for n, c in selection["candidates"].items()}
+    order = ["local", "ce"]  # ties go to the config given first
+    assert selection["chosen"] == max(order, key=lambda n: (means[n], -order.index(n)))
+    assert results["methods"][0]["recipes"] == {"0": selection["chosen"]}
+    # the inner folds hold only training tiles of outer fold 0
+    splits = load_splits(chips)
+    test_tiles = set(splits.loc[splits["fold"] == 0, "tile"])
+    inner_tiles = {t for tiles in selection["tiles"].values() for t in tiles}
+    assert inner_tiles and not inner_tiles & test_tiles
+    for name in ("local", "ce"):
+        for j in (0, 1):
+            evaluated = json.loads(
+                (out / "inner" / "outer0" / name / f"fold{j}" / "metrics.json").read_text()
+            )
+            assert not set(evaluated["source"]["tiles"]) & test_tiles
+    # the selected recipe was scored on the test fold, and its table written
+    assert (out / "selected" / "fold0" / "metrics.json").is_file()
+    assert (out / "selected" / OOF_CSV).is_file()
+    assert "| selected |" in (out / "cv_table.md").read_text()
+    assert main([*argv, "--inner", "1"]) != 0

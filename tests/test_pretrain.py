@@ -1,0 +1,116 @@
+"""`local-damage pretrain`: the self-supervised losses against loops written from their formulas,
+random crops of real files, and encoder weights that `train` takes as ``model.weights``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cli.main import main
+from local_damage.models import ModelConfig, build_model
+from local_damage.pretrain import BalancedContrastiveLoss, NTXentLoss
+from local_damage.pretrain.crops import CropPool, PretrainError, augment, find_sources
+
+
+def views(n: int = 5, d: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+
+
+def cos(u: torch.Tensor, v: torch.Tensor) -> float:
+    return float(u @ v / (u.norm() * v.norm()))
+
+
+def test_ntxent_matches_a_loop_from_its_formula():
+    a, b = views()
+    rows = list(a) + list(b)
+    n, t = len(a), 0.3
+    total = 0.0
+    for i, u in enumerate(rows):
+        p = (i + n) % (2 * n)
+        denominator = sum(math.exp(cos(u, rows[k]) / t) for k in range(2 * n) if k != i)
+        total += -math.log(math.exp(cos(u, rows[p]) / t) / denominator)
+    assert float(NTXentLoss(t)(a, b)) == pytest.approx(total / (2 * n), rel=1e-5)
+
+
+def test_balanced_loss_matches_a_loop_from_its_formula():
+    a, b = views(seed=1)
+    rows = list(a) + list(b)
+    n, alpha, lam = len(a), 4.0, 0.7
+    total = 0.0
+    for i, u in enumerate(rows):
+        p = (i + n) % (2 * n)
+        negatives = [k for k in range(2 * n) if k not in (i, p)]
+        repel = math.log(sum(math.exp(alpha * cos(u, rows[k])) for k in negatives))
+        total += -cos(u, rows[p]) + lam / alpha * repel
+    got = float(BalancedContrastiveLoss(alpha, lam)(a, b))
+    assert got == pytest.approx(total / (2 * n), rel=1e-5)
+    # the positive stays out of the repelling term: moving it changes only the attraction
+    a2 = a.clone()
+    a2[0] = b[0]  # views 0 identical: attraction of rows 0 and n is 1
+    assert float(BalancedContrastiveLoss(alpha, lam)(a2, b)) < got
+
+
+def test_losses_refuse_bad_input():
+    with pytest.raises(ValueError, match="same shape"):
+        NTXentLoss()(torch.randn(3, 4), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="alpha and lam"):
+        BalancedContrastiveLoss(alpha=0)
+
+
+def test_sources_and_crops_from_real_files(synthetic_xbd, synthetic_scene, tmp_path):
+    sources = find_sources([synthetic_xbd], [synthetic_scene.root], "augment")
+    tifs = [s for s in sources if s.path.suffix == ".tif"]
+    pres = [s for s in sources if "_pre_disaster" in s.path.name]
+    assert tifs and pres and all(s.pair is not None for s in pres)
+    assert len([s for s in sources if "_post_disaster" in s.path.name]) == len(pres)
+    pairs = find_sources([synthetic_xbd], [synthetic_scene.root], "prepost")
+    assert pairs and all("_pre_disaster" in s.path.name and s.pair for s in pairs)
+    pool = CropPool(pairs, crop=32, views="prepost", pool_size=2, seed=0)
+    a, b = pool.batch(64)
+    assert a.shape == b.shape == (64, 32, 32, 3) and a.dtype == np.uint8
+    # pre against post of the same windows: equal where nothing changed, not everywhere
+    same = [np.array_equal(x, y) for x, y in zip(a, b, strict=True)]
+    assert not all(same)
+    twice, again = CropPool(pairs, crop=32, views="augment", pool_size=2, seed=0).batch(64)
+    assert np.array_equal(twice, a) and np.array_equal(again, a)  # same windows, one image
+    a = a[:6]
+    v = augment(a, 24, torch.Generator().manual_seed(0))
+    assert v.shape == (6, 3, 24, 24) and float(v.min()) >= 0 and float(v.max()) <= 255
+    with pytest.raises(PretrainError, match="not an xBD folder"):
+        find_sources([tmp_path], [], "augment")
+    with pytest.raises(PretrainError, match="no GeoTIFF"):
+        find_sources([], [tmp_path], "augment")
+
+
+@pytest.mark.parametrize("loss", ["balanced", "ntxent"])
+def test_pretrain_writes_weights_that_train_takes(synthetic_xbd, tmp_path, loss):
+    out = tmp_path / "pre"
+    argv = ["pretrain", "--xbd", str(synthetic_xbd), "--out", str(out), "--loss", loss]
+    argv += ["--steps", "3", "--batch-size", "4", "--crop", "48", "--input-size", "32", "--quiet"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["sources"]
+    weights = out / "encoder.safetensors"
+    from safetensors.torch import load_file
+
+    saved = load_file(str(weights))
+    torch.manual_seed(123)
+    model = build_model(ModelConfig(encoder="resnet18", weights=str(weights)))
+    own = model.encoder.state_dict()
+    assert set(saved) == set(own)
+    for key, value in saved.items():
+        torch.testing.assert_close(own[key], value)
+    torch.manual_seed(123)
+    fresh = build_model(ModelConfig(encoder="resnet18")).encoder.state_dict()
+    key = "conv1.weight"
+    assert not torch.allclose(fresh[key], saved[key])  # pretraining moved the weights
+
+
+def test_pretrain_needs_a_source(tmp_path, capsys):
+    assert main(["pretrain", "--out", str(tmp_path / "x")]) != 0
+    assert "--xbd ROOT or --rasters DIR" in capsys.readouterr().err
