@@ -22,6 +22,7 @@ Writing the chips of a scene into a chip store, one job per part of the scene, i
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from data_prep.mosaic import Scene, SceneError
 from data_prep.quality import blank_reason, pixel_limit_problem
 from data_prep.residual import CONTEXT_SIDE, image_context_residual
 from data_prep.spec import ChipSpec
+from data_prep.timing import StageTimes
 from data_prep.windows import (
     ChipWindow,
     chip_window,
@@ -222,6 +224,7 @@ def cut_reads(
     spec: ChipSpec,
     context: bool = False,
     margin: int | None = None,
+    timer: StageTimes | None = None,
 ) -> Iterator[BuildingChip]:
     """Read each group of ``buildings`` (positions into it) from ``scene`` once and yield one
     :class:`BuildingChip` per building, group after group.
@@ -230,8 +233,12 @@ def cut_reads(
     around the group as well, inside the grid and within the pixel limit, with or without
     ``context``: the post image is warped per read, so the same reads are what keeps chips cut
     for scoring identical to chips cut for training. With ``context`` every chip comes with its
-    building's residual shift measured there (:attr:`BuildingChip.context_px`).
+    building's residual shift measured there (:attr:`BuildingChip.context_px`). ``timer``
+    collects the seconds spent reading (``read``), cutting (``cut``: the coverage check, the
+    chips and the blank check) and measuring (``context``).
     """
+    timer = timer if timer is not None else StageTimes()
+    clock = time.perf_counter
     windows, bounds = buildings.windows, buildings.bounds
     for members in groups:
         c0, r0, c1, r1 = _block_extent(members, windows, bounds)
@@ -252,16 +259,22 @@ def cut_reads(
             wider[2] - wider[0], wider[3] - wider[1], scene.max_pixels, "read window"
         ):
             c0, r0, c1, r1 = wider
+        t = clock()
         pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
         both = pre_valid & post_valid
+        timer.add("read", clock() - t)
         for k in members:
+            t = clock()
             if not footprint_valid(buildings.pixels[k], both, c0, r0):
+                timer.add("cut", clock() - t)
                 yield buildings.chip(k, NOT_COVERED)
                 continue
             w = windows[k]
             local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
             pre, post = cut_pair(pre_rgb, post_rgb, local, spec.chip_size)
             blank = blank_reason(pre, post)
+            t1 = clock()
+            timer.add("cut", t1 - t)
             if blank:
                 yield buildings.chip(k, SKIPPED, blank)
                 continue
@@ -269,6 +282,7 @@ def cut_reads(
             if context:
                 centre = (local.col_off + w.size / 2, local.row_off + w.size / 2)
                 shift = image_context_residual(pre_rgb, post_rgb, centre, w.size, valid=both)
+                timer.add("context", clock() - t1)
             yield buildings.chip(k, CHIP, pre=pre, post=post, context_px=shift)
 
 
@@ -281,6 +295,7 @@ def iter_building_chips(
     progress: bool = True,
     context: bool = False,
     margin: int | None = None,
+    timer: StageTimes | None = None,
 ) -> Iterator[BuildingChip]:
     """Cut the chip pair of every building, reading the scene one block of buildings at a time.
 
@@ -298,13 +313,17 @@ def iter_building_chips(
             (:func:`cut_reads`); scoring does, chip preparation does not.
         margin: pixels read around each block (:func:`cut_reads`; None: the default, which
             chip preparation and scoring share).
+        timer: collects the seconds spent planning the reads (``plan``) and those of
+            :func:`cut_reads`.
 
     Yields:
         One :class:`BuildingChip` per building.
     """
     from tqdm import tqdm
 
-    plan = plan_reads(scene, footprints, spec, block_size)
+    timer = timer if timer is not None else StageTimes()
+    with timer.stage("plan"):
+        plan = plan_reads(scene, footprints, spec, block_size)
     buildings = plan.buildings
     with tqdm(
         total=len(buildings), desc="buildings", unit="bldg", disable=None if progress else True
@@ -312,7 +331,7 @@ def iter_building_chips(
         for k, status, reason in plan.early:
             bar.update(1)
             yield buildings.chip(k, status, reason)
-        for b in cut_reads(scene, buildings, plan.groups, spec, context, margin):
+        for b in cut_reads(scene, buildings, plan.groups, spec, context, margin, timer):
             bar.update(1)
             yield b
 
