@@ -28,10 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data_prep.footprint_cover import footprints_valid
 from data_prep.footprints import Footprints
 from data_prep.mosaic import Scene, SceneError
 from data_prep.quality import blank_reason, pixel_limit_problem
-from data_prep.residual import CONTEXT_SIDE, image_context_residual
+from data_prep.residual import CONTEXT_SIDE, ReadContext
 from data_prep.spec import ChipSpec
 from data_prep.timing import StageTimes
 from data_prep.windows import (
@@ -233,13 +234,15 @@ def cut_reads(
     around the group as well, inside the grid and within the pixel limit, with or without
     ``context``: the post image is warped per read, so the same reads are what keeps chips cut
     for scoring identical to chips cut for training. With ``context`` every chip comes with its
-    building's residual shift measured there (:attr:`BuildingChip.context_px`). ``timer``
-    collects the seconds spent reading (``read``), cutting (``cut``: the coverage check, the
-    chips and the blank check) and measuring (``context``).
+    building's residual shift measured there (:attr:`BuildingChip.context_px`;
+    :class:`data_prep.residual.ReadContext`: the buildings of a read share its grey images).
+    Whether each footprint lies on valid imagery is decided for the whole group at once
+    (:func:`data_prep.footprint_cover.footprints_valid`). ``timer`` collects the seconds spent
+    reading (``read``), cutting (``cut``) and measuring (``context``).
     """
     timer = timer if timer is not None else StageTimes()
-    clock = time.perf_counter
     windows, bounds = buildings.windows, buildings.bounds
+    clock = time.perf_counter
     for members in groups:
         c0, r0, c1, r1 = _block_extent(members, windows, bounds)
         problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
@@ -262,13 +265,18 @@ def cut_reads(
         t = clock()
         pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
         both = pre_valid & post_valid
-        timer.add("read", clock() - t)
-        for k in members:
-            t = clock()
-            if not footprint_valid(buildings.pixels[k], both, c0, r0):
-                timer.add("cut", clock() - t)
+        t1 = clock()
+        timer.add("read", t1 - t)
+        covered = footprints_valid(
+            [buildings.pixels[k] for k in members], bounds[list(members)], both, c0, r0
+        )
+        shared = None
+        timer.add("cut", clock() - t1)
+        for k, ok in zip(members, covered, strict=True):
+            if not ok:
                 yield buildings.chip(k, NOT_COVERED)
                 continue
+            t = clock()
             w = windows[k]
             local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
             pre, post = cut_pair(pre_rgb, post_rgb, local, spec.chip_size)
@@ -280,8 +288,10 @@ def cut_reads(
                 continue
             shift = None
             if context:
+                if shared is None:
+                    shared = ReadContext(pre_rgb, post_rgb, valid=both)
                 centre = (local.col_off + w.size / 2, local.row_off + w.size / 2)
-                shift = image_context_residual(pre_rgb, post_rgb, centre, w.size, valid=both)
+                shift = shared.residual(centre, w.size)
                 timer.add("context", clock() - t1)
             yield buildings.chip(k, CHIP, pre=pre, post=post, context_px=shift)
 
@@ -347,44 +357,6 @@ def _block_extent(members, windows, bounds) -> tuple[int, int, int, int]:
 def _block_too_large(members, windows, bounds, limit: int) -> bool:
     c0, r0, c1, r1 = _block_extent(members, windows, bounds)
     return (c1 - c0) * (r1 - r0) > limit
-
-
-def footprint_valid(pixel_geometry, valid: np.ndarray, col_off: int, row_off: int) -> bool:
-    """Whether every pixel whose centre lies in the footprint is valid.
-
-    Args:
-        pixel_geometry: the footprint in grid pixel coordinates.
-        valid: bool [H, W] validity of a block whose top-left pixel is (col_off, row_off).
-        col_off, row_off: the block's position in grid pixels.
-
-    Returns:
-        True when all those pixels are inside the block and valid. A footprint too small to hold a
-        pixel centre is judged by the pixel under its centroid.
-    """
-    from affine import Affine
-    from rasterio.features import rasterize
-
-    height, width = valid.shape
-    minx, miny, maxx, maxy = pixel_geometry.bounds
-    x0, y0 = math.floor(minx) - col_off, math.floor(miny) - row_off
-    x1, y1 = math.ceil(maxx) - col_off, math.ceil(maxy) - row_off
-    if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-        return False
-    if x1 <= x0 or y1 <= y0:
-        mask = np.zeros((0, 0), dtype=bool)
-    else:
-        mask = rasterize(
-            [(pixel_geometry, 1)],
-            out_shape=(y1 - y0, x1 - x0),
-            transform=Affine.translation(x0 + col_off, y0 + row_off),
-            fill=0,
-            dtype="uint8",
-        ).astype(bool)
-    if not mask.any():
-        c = pixel_geometry.centroid
-        col, row = int(math.floor(c.x)) - col_off, int(math.floor(c.y)) - row_off
-        return 0 <= row < height and 0 <= col < width and bool(valid[row, col])
-    return bool(valid[y0:y1, x0:x1][mask].all())
 
 
 def pixel_centroids(grid, footprints: Footprints) -> np.ndarray:

@@ -309,8 +309,7 @@ class Batcher:
             self.scores.status[rows] = SCORED
         with self.timer.stage("flags"):
             flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
-            for row, names in zip(rows, flags, strict=True):
-                self.scores.flags[row] = flags_text(names)
+            self.scores.flags[rows] = [flags_text(names) for names in flags]
         self.rows, self.pre, self.post, self.context = [], [], [], []
 
 
