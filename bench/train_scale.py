@@ -62,6 +62,8 @@ UNIQUE_SHARDS = 40
 DEFAULT_CHIPS = (2_000, 200_000)
 #: Goal: the loader at least this many times the training step's chips per second.
 LOADER_GOAL = 3.0
+#: Most timed training steps (and loop steps) per store.
+MAX_STEPS = 8
 #: Seconds between two memory samples.
 SAMPLE_S = 0.1
 
@@ -206,8 +208,11 @@ class MemorySampler:
         }
 
 
-def measure_store(store: Path, config: str | None, workers: int, batches: int) -> dict[str, Any]:
-    """The loader alone, the training step alone and the two together on one store."""
+def measure_store(
+    store: Path, config: str | None, workers: int, batches: int, device: str = "cpu"
+) -> dict[str, Any]:
+    """The loader alone, the training step alone and the two together on one store (the step
+    on ``device``: ``cpu`` or ``cuda``, where ``train.amp: auto`` trains in mixed precision)."""
     import torch
 
     from local_damage.config import load_yaml
@@ -218,11 +223,17 @@ def measure_store(store: Path, config: str | None, workers: int, batches: int) -
     from local_damage.train.loop import build_learner
 
     cfg = load_yaml(Config, config, [f"data.num_workers={workers}"])
-    device = torch.device("cpu")
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     ids = read_manifest(store)["chip_id"].tolist()
     loader = build_loaders(cfg, store, ids, [], DistInfo(), device).train
     batch = cfg.train.batch_size
-    out: dict[str, Any] = {"chips": len(ids), "batch_size": batch, "workers": workers}
+    out: dict[str, Any] = {
+        "chips": len(ids),
+        "batch_size": batch,
+        "workers": workers,
+        "device": device.type,
+    }
     it = iter(loader)
     first = next(it)  # starts the workers
     with MemorySampler() as memory:
@@ -235,15 +246,18 @@ def measure_store(store: Path, config: str | None, workers: int, batches: int) -
         alpha = cfg.loss.alpha(0)
         pre, post, y = first
         train_step(learner, cfg, pre, post, y, alpha)  # warm-up
-        steps = max(batches // 10, 2)
+        sync()
+        steps = min(max(batches // 10, 2), MAX_STEPS)
         start = time.perf_counter()
         for _ in range(steps):
             train_step(learner, cfg, pre, post, y, alpha)
+        sync()
         step_s = time.perf_counter() - start
         start = time.perf_counter()
         for _ in range(steps):
             pre, post, y = next(it)
             train_step(learner, cfg, pre, post, y, alpha)
+        sync()
         loop_s = time.perf_counter() - start
     del it
     out.update(
@@ -266,6 +280,7 @@ def bench_scale(
     workers: int = 2,
     batches: int = 40,
     source: str | os.PathLike | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Make (once) and measure a simulated store of each size; the figures."""
     root = Path(root)
@@ -275,7 +290,7 @@ def bench_scale(
         store = make_sim_store(root, n, source)
         made = time.perf_counter() - start
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:  # memory its own
-            row = pool.submit(measure_store, store, config, workers, batches).result()
+            row = pool.submit(measure_store, store, config, workers, batches, device).result()
         row["make_s"] = round(made, 1)
         rows.append(row)
     disk = sum(f.stat().st_size for f in (root / "unique").glob("*.npy"))
@@ -292,7 +307,8 @@ def bench_scale(
 def format_scale(figures: dict[str, Any]) -> str:
     """The figures as a table."""
     lines = [
-        f"training at scale, simulated: config {figures['config']}, chips from "
+        f"training at scale, simulated (step on {figures['rows'][0]['device']}): "
+        f"config {figures['config']}, chips from "
         f"{figures['source']} ({figures['unique_mb']:.0f} MiB of unique shards on disk); "
         f"{figures['cpu_count']} CPU cores, load average {figures['load_average']}",
         f"  {'chips':>7}  {'batch':>5}  {'wkrs':>4}  {'loader/s':>8}  {'step/s':>7}  "
@@ -380,7 +396,7 @@ def run_scale(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-train-scale-") as tmp:
         root = Path(args.dir) if args.dir else Path(tmp)
         figures = bench_scale(
-            root, sizes, config, args.loader_workers, args.timed_batches, args.source
+            root, sizes, config, args.loader_workers, args.timed_batches, args.source, args.device
         )
     print(json.dumps(figures, indent=2) if args.json else format_scale(figures))
     return 0

@@ -78,7 +78,7 @@ def test_bench_train_chips_tiny(sim_root, capsys):
     figures = json.loads(capsys.readouterr().out)
     assert [r["chips"] for r in figures["rows"]] == [200, 5_050]
     for r in figures["rows"]:
-        assert r["workers"] == 1 and r["batch_size"] == 16  # configs/default.yaml
+        assert r["workers"] == 1 and r["batch_size"] == 16 and r["device"] == "cpu"
         for key in ("loader_chips_per_s", "step_chips_per_s", "loop_chips_per_s"):
             assert r[key] > 0, key
         assert r["loader_over_step"] == pytest.approx(
