@@ -11,6 +11,11 @@ on its own. Scenes per second and buildings per second are printed with their ra
 Default inputs: a synthetic batch (copies of the seeded synthetic scene,
 :func:`data_prep.synthetic_scene.make_scene`), so the benchmark needs no data; ``--scenes``
 takes a CSV or folder of real scenes as `score-batch` does.
+
+Then, on one core (:mod:`bench.score_core`): the batch, and one large synthetic scene
+(``--large`` px a side, :func:`data_prep.synthetic_scene.make_large_scene`), scored in this
+process with ONNX Runtime and OpenCV on one thread, against the model's network alone in the same
+run, with the time of every stage of scoring per building.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from app.scoring.batch import read_scene_list, score_batch
 from app.scoring.common import ScoreOptions
+from bench.score_core import bench_one_core, format_one_core, large_scene
 from cli.options import add_model_args, add_report_args
 from data_prep.engine import EngineError, open_client
 from data_prep.mosaic import SceneError
@@ -34,6 +40,9 @@ from data_prep.synthetic_scene import make_scene
 from runtime.contract import ModelError
 from runtime.predictor import Predictor
 from runtime.registry import default_model
+
+#: Default side in pixels of the large synthetic scene scored on one core (64 x 64 buildings).
+LARGE = 6400
 
 
 def synthetic_batch(root: str | os.PathLike, scenes: int, seed: int = 0) -> Path:
@@ -189,6 +198,19 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="timed batches (default 1)")
     p.add_argument("--raster", action="store_true", help="also write class rasters")
+    p.add_argument(
+        "--large",
+        type=int,
+        default=LARGE,
+        metavar="PX",
+        help=f"side of the large synthetic scene scored on one core (default {LARGE}: "
+        f"{(LARGE // 100) ** 2} buildings; 0: none)",
+    )
+    p.add_argument(
+        "--no-one-core",
+        action="store_true",
+        help="leave out the one-core comparison with the network alone and its stage times",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     add_report_args(p, json=False)
     p.set_defaults(func=run)
@@ -203,8 +225,20 @@ def run(args: argparse.Namespace) -> int:
             for p in problems:
                 print(f"skipped {p.item}: {p.reason}", file=sys.stderr)
             figures = bench_score(model, scenes, args.workers, args.repeat, args.raster)
+            if not args.no_one_core:
+                name = "scenes given" if args.scenes else f"synthetic batch ({len(scenes)})"
+                inputs = [(name, scenes)]
+                if args.large > 0:
+                    big = large_scene(Path(tmp) / "large", args.large)
+                    inputs.append((f"synthetic scene {args.large} px", [big]))
+                figures["one_core"] = bench_one_core(model, inputs, args.repeat)
     except (ModelError, SceneError, EngineError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(figures, indent=2) if args.json else format_table(figures))
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(format_table(figures))
+        if "one_core" in figures:
+            print(format_one_core(figures["one_core"]))
     return 0

@@ -19,7 +19,9 @@ regions save only their inputs, so the count is what stays in memory between for
 backward. Memory per pair is that total over the batch size. On CUDA the peak of
 ``torch.cuda.max_memory_allocated`` over the configuration's steps is reported too.
 
-This module is imported by the CLI parser: torch is imported inside functions only.
+With ``--chips`` it measures instead the loader against the training step on simulated chip
+stores of xBD scale (:mod:`bench.train_scale`). This module is imported by the CLI parser: torch
+is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from bench.train_scale import add_scale_args, run_scale
 from cli.options import add_report_args
 
 if TYPE_CHECKING:
@@ -548,6 +551,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and batches (default 0)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON records")
     add_report_args(p, json=False)
+    add_scale_args(p)
     p.set_defaults(func=run)
 
 
@@ -555,6 +559,8 @@ def run(args: argparse.Namespace) -> int:
     """Run `bench train`; 0 when every grid point was measured, 1 if some failed, 2 on bad input."""
     import torch
 
+    if args.chips:
+        return run_scale(args)
     try:
         check_grid(args.encoders, args.sizes, args.batches, args.steps, args.device)
     except ValueError as err:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from bench import adapt as bench_adapt
 from bench import alignment as bench_alignment
+from bench import city as bench_city
 from bench import fewshot as bench_fewshot
 from bench import flags as bench_flags
 from bench import infer as bench_infer
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_flags.add_parser(bench_sub)
     bench_alignment.add_parser(bench_sub)
     bench_score.add_parser(bench_sub)
+    bench_city.add_parser(bench_sub)
     bench_adapt.add_parser(bench_sub)
     bench_map.add_parser(bench_sub)
     return parser

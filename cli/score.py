@@ -81,6 +81,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "of its chips and average (4x / 8x the model's time; docs/scoring.md; default none)",
     )
     add_report_args(parser)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="time every stage of scoring a scene with footprints (read, align, cut, context, "
+        "infer, flags, outputs, ...) and print the seconds per stage after the summary "
+        '(with --json: under "stages")',
+    )
     max_pixels_argument(parser)
     align_argument(parser)
 
@@ -149,6 +156,7 @@ def _options(args: argparse.Namespace, max_pixels: int) -> ScoreOptions:
         max_pixels=max_pixels,
         align=args.align,
         progress=not args.quiet,
+        profile=args.profile,
     )
 
 

@@ -96,6 +96,28 @@ def _parabola(m: np.ndarray, x: int, y: int) -> tuple[float, float]:
     return x + ox, y + oy
 
 
+#: Standard deviation under which an image counts as flat (nothing to match).
+FLAT_STD = 1e-3
+#: Largest image whose flatness its value range can settle (see :func:`_flat`).
+_RANGE_PIXELS = 250_000
+
+
+def _flat(image: np.ndarray) -> bool:
+    """Whether an image's standard deviation is under :data:`FLAT_STD`.
+
+    The standard deviation of ``n`` values spanning ``s`` is at least ``s / sqrt(2 n)``, over
+    ``1.4 * FLAT_STD`` when they span more than one grey level and ``n`` is under
+    :data:`_RANGE_PIXELS`: such an image is not flat, and its range is far cheaper to find than
+    its standard deviation. The others get the standard deviation itself."""
+    import cv2
+
+    if image.size < _RANGE_PIXELS and image.ndim == 2:
+        lo, hi, _, _ = cv2.minMaxLoc(image)
+        if hi - lo > 1.0:
+            return False
+    return float(image.std()) < FLAT_STD
+
+
 def match_template(
     a: np.ndarray, b: np.ndarray, r: int
 ) -> tuple[float, float, float, float] | None:
@@ -105,7 +127,7 @@ def match_template(
 
     h, w = a.shape
     template = a[r : h - r, r : w - r]
-    if float(template.std()) < 1e-3 or float(b.std()) < 1e-3:
+    if _flat(template) or _flat(b):
         return None
     m = cv2.matchTemplate(b, template, cv2.TM_CCOEFF_NORMED)
     m = np.nan_to_num(m, nan=-1.0, posinf=-1.0, neginf=-1.0)
@@ -152,10 +174,23 @@ def context_shift(
         The :class:`ChipShift` in source pixels (``search_px`` = ``search``); flat windows give
         a zero shift with correlation 0.
     """
+    return grey_context_shift(luma(pre), luma(post), search, factor, pre.shape[:2])
+
+
+def grey_context_shift(
+    a: np.ndarray,
+    b: np.ndarray,
+    search: int = CONTEXT_SEARCH,
+    factor: int = CONTEXT_FACTOR,
+    shape: tuple[int, ...] | None = None,
+) -> ChipShift:
+    """:func:`context_shift` of float32 grey windows ``[S, S]`` (:func:`luma` of the RGB ones,
+    which a caller measuring many windows of one image converts once); ``shape`` names the
+    windows' size in its message when they are too small."""
     import cv2
 
-    a, b = luma(pre), luma(post)
     check_pair(a, b, "windows")
+    shape = a.shape if shape is None else shape
     factor = max(int(factor), 1)
     if factor > 1:
         size = (a.shape[1] // factor, a.shape[0] // factor)
@@ -166,7 +201,7 @@ def context_shift(
         b = cv2.GaussianBlur(b, (0, 0), CONTEXT_BLUR)
     r = max(1, int(search) // factor)
     if min(a.shape) <= 2 * r + 4:
-        raise ValueError(f"windows of {pre.shape[:2]} px are too small for a {search} px search")
+        raise ValueError(f"windows of {shape} px are too small for a {search} px search")
     found = match_template(a, b, r)
     if found is None:
         return ChipShift(0.0, 0.0, 0.0, 0.0, float(search))

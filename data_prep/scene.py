@@ -22,16 +22,19 @@ Writing the chips of a scene into a chip store, one job per part of the scene, i
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from data_prep.footprint_cover import footprints_valid
 from data_prep.footprints import Footprints
 from data_prep.mosaic import Scene, SceneError
 from data_prep.quality import blank_reason, pixel_limit_problem
-from data_prep.residual import CONTEXT_SIDE, image_context_residual
+from data_prep.residual import CONTEXT_SIDE, ReadContext
 from data_prep.spec import ChipSpec
+from data_prep.timing import StageTimes
 from data_prep.windows import (
     ChipWindow,
     chip_window,
@@ -222,6 +225,7 @@ def cut_reads(
     spec: ChipSpec,
     context: bool = False,
     margin: int | None = None,
+    timer: StageTimes | None = None,
 ) -> Iterator[BuildingChip]:
     """Read each group of ``buildings`` (positions into it) from ``scene`` once and yield one
     :class:`BuildingChip` per building, group after group.
@@ -230,9 +234,15 @@ def cut_reads(
     around the group as well, inside the grid and within the pixel limit, with or without
     ``context``: the post image is warped per read, so the same reads are what keeps chips cut
     for scoring identical to chips cut for training. With ``context`` every chip comes with its
-    building's residual shift measured there (:attr:`BuildingChip.context_px`).
+    building's residual shift measured there (:attr:`BuildingChip.context_px`;
+    :class:`data_prep.residual.ReadContext`: the buildings of a read share its grey images).
+    Whether each footprint lies on valid imagery is decided for the whole group at once
+    (:func:`data_prep.footprint_cover.footprints_valid`). ``timer`` collects the seconds spent
+    reading (``read``), cutting (``cut``) and measuring (``context``).
     """
+    timer = timer if timer is not None else StageTimes()
     windows, bounds = buildings.windows, buildings.bounds
+    clock = time.perf_counter
     for members in groups:
         c0, r0, c1, r1 = _block_extent(members, windows, bounds)
         problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
@@ -252,23 +262,37 @@ def cut_reads(
             wider[2] - wider[0], wider[3] - wider[1], scene.max_pixels, "read window"
         ):
             c0, r0, c1, r1 = wider
+        t = clock()
         pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
         both = pre_valid & post_valid
-        for k in members:
-            if not footprint_valid(buildings.pixels[k], both, c0, r0):
+        t1 = clock()
+        timer.add("read", t1 - t)
+        covered = footprints_valid(
+            [buildings.pixels[k] for k in members], bounds[list(members)], both, c0, r0
+        )
+        shared = None
+        timer.add("cut", clock() - t1)
+        for k, ok in zip(members, covered, strict=True):
+            if not ok:
                 yield buildings.chip(k, NOT_COVERED)
                 continue
+            t = clock()
             w = windows[k]
             local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
             pre, post = cut_pair(pre_rgb, post_rgb, local, spec.chip_size)
             blank = blank_reason(pre, post)
+            t1 = clock()
+            timer.add("cut", t1 - t)
             if blank:
                 yield buildings.chip(k, SKIPPED, blank)
                 continue
             shift = None
             if context:
+                if shared is None:
+                    shared = ReadContext(pre_rgb, post_rgb, valid=both)
                 centre = (local.col_off + w.size / 2, local.row_off + w.size / 2)
-                shift = image_context_residual(pre_rgb, post_rgb, centre, w.size, valid=both)
+                shift = shared.residual(centre, w.size)
+                timer.add("context", clock() - t1)
             yield buildings.chip(k, CHIP, pre=pre, post=post, context_px=shift)
 
 
@@ -281,6 +305,7 @@ def iter_building_chips(
     progress: bool = True,
     context: bool = False,
     margin: int | None = None,
+    timer: StageTimes | None = None,
 ) -> Iterator[BuildingChip]:
     """Cut the chip pair of every building, reading the scene one block of buildings at a time.
 
@@ -298,13 +323,17 @@ def iter_building_chips(
             (:func:`cut_reads`); scoring does, chip preparation does not.
         margin: pixels read around each block (:func:`cut_reads`; None: the default, which
             chip preparation and scoring share).
+        timer: collects the seconds spent planning the reads (``plan``) and those of
+            :func:`cut_reads`.
 
     Yields:
         One :class:`BuildingChip` per building.
     """
     from tqdm import tqdm
 
-    plan = plan_reads(scene, footprints, spec, block_size)
+    timer = timer if timer is not None else StageTimes()
+    with timer.stage("plan"):
+        plan = plan_reads(scene, footprints, spec, block_size)
     buildings = plan.buildings
     with tqdm(
         total=len(buildings), desc="buildings", unit="bldg", disable=None if progress else True
@@ -312,7 +341,7 @@ def iter_building_chips(
         for k, status, reason in plan.early:
             bar.update(1)
             yield buildings.chip(k, status, reason)
-        for b in cut_reads(scene, buildings, plan.groups, spec, context, margin):
+        for b in cut_reads(scene, buildings, plan.groups, spec, context, margin, timer):
             bar.update(1)
             yield b
 
@@ -328,44 +357,6 @@ def _block_extent(members, windows, bounds) -> tuple[int, int, int, int]:
 def _block_too_large(members, windows, bounds, limit: int) -> bool:
     c0, r0, c1, r1 = _block_extent(members, windows, bounds)
     return (c1 - c0) * (r1 - r0) > limit
-
-
-def footprint_valid(pixel_geometry, valid: np.ndarray, col_off: int, row_off: int) -> bool:
-    """Whether every pixel whose centre lies in the footprint is valid.
-
-    Args:
-        pixel_geometry: the footprint in grid pixel coordinates.
-        valid: bool [H, W] validity of a block whose top-left pixel is (col_off, row_off).
-        col_off, row_off: the block's position in grid pixels.
-
-    Returns:
-        True when all those pixels are inside the block and valid. A footprint too small to hold a
-        pixel centre is judged by the pixel under its centroid.
-    """
-    from affine import Affine
-    from rasterio.features import rasterize
-
-    height, width = valid.shape
-    minx, miny, maxx, maxy = pixel_geometry.bounds
-    x0, y0 = math.floor(minx) - col_off, math.floor(miny) - row_off
-    x1, y1 = math.ceil(maxx) - col_off, math.ceil(maxy) - row_off
-    if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
-        return False
-    if x1 <= x0 or y1 <= y0:
-        mask = np.zeros((0, 0), dtype=bool)
-    else:
-        mask = rasterize(
-            [(pixel_geometry, 1)],
-            out_shape=(y1 - y0, x1 - x0),
-            transform=Affine.translation(x0 + col_off, y0 + row_off),
-            fill=0,
-            dtype="uint8",
-        ).astype(bool)
-    if not mask.any():
-        c = pixel_geometry.centroid
-        col, row = int(math.floor(c.x)) - col_off, int(math.floor(c.y)) - row_off
-        return 0 <= row < height and 0 <= col < width and bool(valid[row, col])
-    return bool(valid[y0:y1, x0:x1][mask].all())
 
 
 def pixel_centroids(grid, footprints: Footprints) -> np.ndarray:

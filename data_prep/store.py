@@ -8,8 +8,8 @@ Layout of a store ``CHIPS/``::
     CHIPS/shards/<tile>_post.npy  the same buildings cut from the post image
     CHIPS/shards/<tile>.rows.json `prepare xbd` only: the tile's rows and report, for --resume
 
-Shards are plain NumPy arrays: lossless, no decode on read, and memory-mappable, so a training
-loader touches only the chips it draws. Every file is written under a temporary name and renamed
+Shards are plain NumPy arrays: lossless, no decode on read, and each chip at a known offset, so
+a training loader reads only the chips it draws (:class:`ChipReader`, one ``pread`` per chip). Every file is written under a temporary name and renamed
 into place; the manifest is written last, so an interrupted run never leaves a manifest that points
 at missing or partial shards.
 """
@@ -22,7 +22,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -238,25 +238,92 @@ def read_meta(root: str | os.PathLike) -> dict:
 
 
 class ChipReader:
-    """Random access to the chips of a store through memory-mapped shards."""
+    """Random access to the chips of a store: each chip read from its shard with one ``pread``.
+
+    A shard's ``.npy`` header is read once (its layout is cached: a few numbers per shard) and
+    at most :attr:`max_open` shard files are held open, least recently used closed first. Nothing
+    is memory-mapped, so a reader's memory stays flat however many chips and shards it reads (a
+    training loader worker reading every chip of a 200,000-chip store for an epoch holds no more
+    than one reading a few), and the operating system's page cache does the caching.
+    """
+
+    #: Shard files held open at once.
+    max_open = 64
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        self._cache: dict[str, np.ndarray] = {}
+        self._layout: dict[str, tuple[int, tuple[int, ...], np.dtype, int]] = {}
+        self._open: dict[str, int] = {}  # relative path -> file descriptor, oldest first
 
-    def _shard(self, rel: str) -> np.ndarray:
-        arr = self._cache.get(rel)
-        if arr is None:
+    def _fd(self, rel: str) -> int:
+        fd = self._open.pop(rel, None)
+        if fd is None:
+            path = self.root / rel
             try:
-                arr = np.load(self.root / rel, mmap_mode="r")
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError as exc:
-                raise StoreNotFoundError(str(exc)) from exc
-            self._cache[rel] = arr
-        return arr
+                raise StoreNotFoundError(f"{path}: shard file not found") from exc
+            if rel not in self._layout:
+                try:
+                    self._layout[rel] = _npy_layout(fd)
+                except ValueError as exc:
+                    os.close(fd)
+                    raise StoreError(f"{path}: not a readable chip shard ({exc})") from exc
+            while len(self._open) >= self.max_open:
+                os.close(self._open.pop(next(iter(self._open))))
+        self._open[rel] = fd  # now the most recently used
+        return fd
+
+    def chip(self, rel: str, i: int) -> np.ndarray:
+        """Chip ``i`` of the shard at ``rel`` (relative to the store), a fresh array."""
+        fd = self._fd(rel)
+        offset, shape, dtype, nbytes = self._layout[rel]
+        if not 0 <= i < shape[0]:
+            raise StoreError(f"{self.root / rel}: no chip {i} in a shard of {shape[0]}")
+        out = np.empty(shape[1:], dtype=dtype)
+        if hasattr(os, "preadv"):  # straight into the array
+            got = os.preadv(fd, [memoryview(out).cast("B")], offset + i * nbytes)
+        else:
+            data = os.pread(fd, nbytes, offset + i * nbytes)
+            got = len(data)
+            out.reshape(-1).view(np.uint8)[:got] = np.frombuffer(data, np.uint8)
+        if got != nbytes:
+            raise StoreError(f"{self.root / rel}: truncated shard (chip {i} is cut short)")
+        return out
 
     def pair(self, row: Mapping) -> tuple[np.ndarray, np.ndarray]:
         """The (pre, post) uint8 [S, S, 3] chips of one manifest row."""
-        i = int(row["index"])
-        return np.asarray(self._shard(row["pre_file"])[i]), np.asarray(
-            self._shard(row["post_file"])[i]
-        )
+        return self.read(row["pre_file"], row["post_file"], int(row["index"]))
+
+    def read(self, pre_file: str, post_file: str, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (pre, post) chips at ``index`` of two shards."""
+        return self.chip(pre_file, index), self.chip(post_file, index)
+
+    def close(self) -> None:
+        """Close the shard files held open."""
+        while self._open:
+            os.close(self._open.popitem()[1])
+
+    def __getstate__(self) -> dict:  # open files stay with the process that opened them
+        return {"root": self.root, "_layout": dict(self._layout), "_open": {}}
+
+    def __del__(self) -> None:
+        with suppress(OSError, AttributeError):
+            self.close()
+
+
+def _npy_layout(fd: int) -> tuple[int, tuple[int, ...], np.dtype, int]:
+    """``(data offset, shape, dtype, bytes per chip)`` of the C-ordered ``.npy`` file open as
+    ``fd``; ValueError when it is not one."""
+    from numpy.lib import format as npy
+
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        version = npy.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(fh)
+        else:
+            shape, fortran, dtype = npy.read_array_header_2_0(fh)
+        offset = fh.tell()
+    if fortran or not shape or dtype.hasobject:
+        raise ValueError("a shard is a C-ordered array of chips")
+    return offset, tuple(shape), dtype, int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize

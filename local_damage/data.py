@@ -92,8 +92,19 @@ class ChipPairDataset(Dataset):
                 )
             frame = frame[frame["chip_id"].isin(wanted)]
         self.frame = frame.reset_index(drop=True)
-        self.records = self.frame.to_dict("records")
+        # per chip only numbers: loader workers share them with the training process without
+        # copying (a list of row dicts is copied page by page into every worker as it is read)
+        self.chip_ids = self.frame["chip_id"].to_numpy(dtype=object)
         self.labels = self.frame["label"].to_numpy(dtype=np.int64)
+        n = len(self.frame)
+        names = np.concatenate(
+            [self.frame["pre_file"].to_numpy(str), self.frame["post_file"].to_numpy(str)]
+        )
+        files, codes = np.unique(names, return_inverse=True)
+        self._files = [str(f) for f in files]
+        self._pre = codes[:n].astype(np.int32)
+        self._post = codes[n:].astype(np.int32)
+        self._index = self.frame["index"].to_numpy(dtype=np.int64)
         self.input_size = int(input_size)
         self.augment = bool(augment)
         self.seed = int(seed)
@@ -105,12 +116,15 @@ class ChipPairDataset(Dataset):
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.labels)
 
     def __getitem__(self, index: int):
         if self._reader is None:  # opened lazily, once per loader worker
             self._reader = ChipReader(self.root)
-        pre, post = self._reader.pair(self.records[index])
+        files = self._files
+        pre, post = self._reader.read(
+            files[self._pre[index]], files[self._post[index]], int(self._index[index])
+        )
         if self.augment:
             sample_seed = (self.seed * 1_000_003 + self.epoch * 100_003 + index) % (2**31)
             self.geometric.set_random_seed(sample_seed)

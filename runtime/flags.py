@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.quality import is_blank
+from data_prep.quality import blank_reasons, is_blank
 from data_prep.residual import residual_shift
 from runtime.contract import ModelError
 
@@ -147,12 +147,42 @@ def sky_flag(pre: np.ndarray, post: np.ndarray) -> str | None:
     otherwise ``haze`` when the post chip is at least :data:`HAZE_BRIGHTENING` brighter than the
     pre chip and keeps under :data:`HAZE_CONTRAST_RATIO` of its local contrast.
     """
-    s = sky_stats(pre, post)
+    return _sky_decision(sky_stats(pre, post))
+
+
+def _sky_decision(s: SkyStats) -> str | None:
     if s.bright_flat >= CLOUD_FRACTION:
         return CLOUD
     if s.contrast_ratio < HAZE_CONTRAST_RATIO and s.brightening >= HAZE_BRIGHTENING:
         return HAZE
     return None
+
+
+def sky_flags(pre: np.ndarray, post: np.ndarray) -> list[str | None]:
+    """:func:`sky_flag` of every pair of uint8 ``[N, H, W, 3]`` chips, the pixel work done for
+    the whole batch at once (each value equals :func:`sky_flag` of the pair: the same
+    arithmetic on the same pixels, and each mean taken over one chip as there)."""
+    n = len(pre)
+    if n == 0:
+        return []
+    gp, gq = luminance(pre), luminance(post)
+    cp, cq = _batch_contrast(gp), _batch_contrast(gq)
+    bright = ((gq > CLOUD_BRIGHT) & (cq < CLOUD_FLAT)).reshape(n, -1).mean(axis=1)
+    out: list[str | None] = []
+    for i in range(n):
+        pre_texture = float(cp[i].mean())
+        ratio = float(cq[i].mean()) / pre_texture if pre_texture > 1e-6 else math.inf
+        s = SkyStats(float(bright[i]), ratio, float(gq[i].mean() - gp[i].mean()))
+        out.append(_sky_decision(s))
+    return out
+
+
+def _batch_contrast(gray: np.ndarray) -> np.ndarray:
+    """:func:`local_contrast` of every image of a float32 ``[N, H, W]`` batch."""
+    g = np.pad(np.asarray(gray, dtype=np.float32), ((0, 0), (1, 1), (1, 1)), mode="edge")
+    c = g[:, 1:-1, 1:-1]
+    lap = 4 * c - g[:, :-2, 1:-1] - g[:, 2:, 1:-1] - g[:, 1:-1, :-2] - g[:, 1:-1, 2:]
+    return np.abs(lap)
 
 
 def misaligned_flag(shift_px: float | None, limit: float = MISALIGNED_PX) -> bool:
@@ -394,23 +424,36 @@ class Flagger:
         context_px: Sequence[float | None] | None = None,
     ) -> list[list[str]]:
         """The flags of ``N`` chip pairs: uint8 ``[N, H, W, 3]`` chips, ``[N, D]`` embeddings,
-        ``N`` chip shifts and ``N`` context shifts (None, or a None entry: as in :meth:`pair`)."""
+        ``N`` chip shifts and ``N`` context shifts (None, or a None entry: as in :meth:`pair`).
+
+        The same flags as :meth:`pair` of each pair, with the blank and sky checks done on the
+        whole batch at once (:func:`data_prep.quality.blank_reasons`, :func:`sky_flags`)."""
         n = len(pre)
         ood = (
             self.ood.flagged(embedding)
             if embedding is not None and self.ood is not None and n
             else np.zeros(n, bool)
         )
+        pre, post = np.asarray(pre), np.asarray(post)
+        blank = blank_reasons(pre, post) if n else []
+        sky = sky_flags(pre, post) if n else []
         out = []
         for i in range(n):
-            flags = self.pair(
-                pre[i],
-                post[i],
-                None,
-                None if shift_px is None else shift_px[i],
-                None if context_px is None else context_px[i],
-            )
-            if ood[i] and BLANK not in flags:
+            if blank[i] is not None:
+                out.append([BLANK])
+                continue
+            shift = None if shift_px is None else shift_px[i]
+            context = None if context_px is None else context_px[i]
+            if context is not None:
+                shift, limit = context, self.context_px
+            else:
+                limit = self.misaligned_px
+                if shift is None and self.measure_shift is not None:
+                    shift = self.measure_shift(pre[i], post[i])
+            flags = [sky[i]] if sky[i] else []
+            if misaligned_flag(shift, limit):
+                flags.append(MISALIGNED)
+            if ood[i]:
                 flags.append(OOD)
             out.append(flags)
         return out

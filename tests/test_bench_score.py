@@ -11,8 +11,8 @@ import pytest
 def test_bench_score_json(capsys):
     from cli.main import main
 
-    rc = main(["bench", "score", "--count", "3", "--workers", "1", "2", "--json"])
-    assert rc == 0
+    argv = ["bench", "score", "--count", "3", "--workers", "1", "2", "--large", "800", "--json"]
+    assert main(argv) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["scenes"] == 3 and figures["buildings"] > 0
     assert figures["baseline_workers"] == 1 and figures["cpu_count"] >= 1
@@ -31,6 +31,32 @@ def test_bench_score_json(capsys):
         assert r["buildings_ratio"] == pytest.approx(
             r["buildings_per_s"] / rows[0]["buildings_per_s"], rel=0.01
         )
+    one = figures["one_core"]
+    assert one["threads"] == 1 and one["network_pairs_per_s"] > 0
+    assert [r["input"] for r in one["rows"]] == ["synthetic batch (3)", "synthetic scene 800 px"]
+    assert one["rows"][1]["buildings"] == 64  # one building per 100 px cell
+    for r in one["rows"]:
+        assert r["buildings_per_s"] == pytest.approx(r["buildings"] / r["seconds"], rel=0.01)
+        assert r["ratio"] == pytest.approx(
+            r["buildings_per_s"] / one["network_pairs_per_s"], rel=0.02
+        )
+        assert r["goal_met"] == (r["ratio"] >= 0.5)
+        for stage in ("read", "align", "cut", "context", "infer", "flags", "outputs"):
+            assert r["stages"][stage] > 0, stage
+        assert sum(r["stages"].values()) <= r["scene_seconds"] * 1.01
+
+
+def test_one_core_table():
+    from bench.score_core import format_one_core
+
+    row = {"input": "x", "scenes": 1, "buildings": 100, "scored": 100, "seconds": 2.0,
+           "scene_seconds": 2.0, "buildings_per_s": 50.0, "ratio": 0.25, "goal_met": False,
+           "stages": {"read": 0.5, "infer": 1.0}}  # fmt: skip
+    text = format_one_core({"threads": 1, "batch_size": 32, "network_pairs_per_s": 200.0,
+                            "rows": [row]})  # fmt: skip
+    assert "not met" in text and "0.25" in text
+    ms = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()[-5:-1]}
+    assert ms == {"read": 5.0, "infer": 10.0, "other": 5.0, "total": 20.0}
 
 
 def test_bench_score_table_and_errors(tmp_path, capsys):

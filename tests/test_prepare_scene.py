@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data_prep.scene import footprint_valid, iter_building_chips
+from data_prep.footprint_cover import footprint_valid
+from data_prep.scene import iter_building_chips
 from data_prep.scene_store import prepare_scene
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import MANIFEST, ChipReader, read_manifest, read_meta

@@ -11,6 +11,8 @@ from data_prep.store import (
     MANIFEST,
     MANIFEST_COLUMNS,
     ChipReader,
+    StoreError,
+    StoreNotFoundError,
     atomic_file,
     atomic_path,
     read_manifest,
@@ -216,3 +218,48 @@ def test_a_damaged_manifest_or_description_is_a_clear_error(tmp_path, capsys):
         read_meta(tmp_path)
     assert main(["split", str(tmp_path)]) == 2
     assert "not a readable chip-store manifest" in capsys.readouterr().err
+
+
+def _shard_maps() -> list[str]:
+    with open("/proc/self/maps") as fh:
+        return [line for line in fh if "_pre.npy" in line or "_post.npy" in line]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
+def test_reader_reads_every_chip_without_mapping_or_holding_the_shards(tmp_path):
+    rng = np.random.default_rng(5)
+    start_store(tmp_path)
+    shards = {}
+    for t in range(12):
+        pre, post = _chips(rng, 7), _chips(rng, 7)
+        shards[t] = (write_shard(tmp_path, f"t{t}", pre, post), pre, post)
+    reader = ChipReader(tmp_path)
+    reader.max_open = 5
+    for (pre_file, post_file), pre, post in shards.values():
+        for i in range(7):
+            a, b = reader.pair({"pre_file": pre_file, "post_file": post_file, "index": i})
+            np.testing.assert_array_equal(a, pre[i])
+            np.testing.assert_array_equal(b, post[i])
+            assert a.flags.writeable and a.flags.c_contiguous
+    assert not _shard_maps()  # nothing of the shards stays mapped into memory
+    assert len(reader._open) == 5  # at most max_open files open
+    reader.close()
+    assert not reader._open
+
+
+def test_reader_names_the_shard_on_bad_reads(tmp_path):
+    rng = np.random.default_rng(6)
+    start_store(tmp_path)
+    pre_file, post_file = write_shard(tmp_path, "t", _chips(rng, 3), _chips(rng, 3))
+    reader = ChipReader(tmp_path)
+    with pytest.raises(StoreError, match=r"t_pre\.npy: no chip 3 in a shard of 3"):
+        reader.chip(pre_file, 3)
+    path = tmp_path / post_file
+    path.write_bytes(path.read_bytes()[:-100])  # cut short
+    with pytest.raises(StoreError, match=r"t_post\.npy: truncated shard"):
+        ChipReader(tmp_path).chip(post_file, 2)
+    (tmp_path / "shards" / "bad_pre.npy").write_bytes(b"not numpy")
+    with pytest.raises(StoreError, match=r"bad_pre\.npy: not a readable chip shard"):
+        ChipReader(tmp_path).chip("shards/bad_pre.npy", 0)
+    with pytest.raises(StoreNotFoundError, match=r"gone_pre\.npy: shard file not found"):
+        ChipReader(tmp_path).chip("shards/gone_pre.npy", 0)

@@ -30,6 +30,7 @@ from app.scoring.outputs import OutputError, vector_format, write_vector
 from data_prep.grid import reproject_geometries
 from data_prep.quality import BLANK
 from data_prep.report import Skipped
+from data_prep.timing import StageTimes, stage_table
 from runtime.flags import BLANK as BLANK_FLAG
 from runtime.flags import Flagger, flags_text
 
@@ -53,6 +54,8 @@ GDAL_CACHE_MB = 16
 ALIGNMENT_KEY = "local_damage_alignment"
 #: Output metadata key of the order check, written only when pre and post look exchanged.
 ORDER_KEY = "local_damage_order"
+#: The stages of a scoring run, in the order they happen (:attr:`ScoreReport.stages`).
+STAGES = ("open", "align", "plan", "read", "cut", "context", "infer", "flags", "order", "outputs")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class ScoreOptions:
             decoding (None: :func:`data_prep.quality.max_pixels`).
         align: ``auto`` (measure the post-to-pre shift, correct it when confident) or ``off``.
         progress: show progress bars.
+        profile: keep the seconds of every stage in the report (:attr:`ScoreReport.stages`),
+            which its summary and its dict then show.
     """
 
     batch_size: int = 32
@@ -75,6 +80,7 @@ class ScoreOptions:
     max_pixels: int | None = None
     align: str = "auto"
     progress: bool = True
+    profile: bool = False
 
 
 @contextmanager
@@ -112,6 +118,9 @@ class ScoreReport:
         order: the check of whether pre and post look exchanged
             (:meth:`app.scoring.order.OrderCheck.to_dict`); ``order_warning`` its warning line,
             empty when the order looks right.
+        stages: seconds per stage of the run (``open``, ``align``, ``plan``, ``read``, ``cut``,
+            ``context``, ``infer``, ``flags``, ``order``, ``outputs``), only when asked for
+            (:attr:`ScoreOptions.profile`); empty otherwise.
     """
 
     scene: str
@@ -128,6 +137,7 @@ class ScoreReport:
     notes: list[str] = field(default_factory=list)
     order: dict | None = None
     order_warning: str = ""
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def scored(self) -> int:
@@ -138,7 +148,7 @@ class ScoreReport:
         return self.buildings / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "scene": self.scene,
             "buildings": self.buildings,
             "scored": self.scored,
@@ -154,6 +164,9 @@ class ScoreReport:
             "order": self.order,
             "notes": list(self.notes),
         }
+        if self.stages:
+            out["stages"] = dict(self.stages)
+        return out
 
     def summary(self) -> str:
         lines = [
@@ -175,6 +188,9 @@ class ScoreReport:
             lines.append(f"skipped {len(self.skipped)} item(s):")
             lines.extend(f"  - {s}" for s in self.skipped)
         lines.extend(f"wrote {path}" for path in self.outputs.values())
+        if self.stages:
+            lines.append(f"stages of the {self.seconds:.2f} s:")
+            lines.extend(stage_table(self.stages, self.seconds, self.buildings, order=STAGES))
         return "\n".join(lines)
 
 
@@ -247,10 +263,17 @@ class Batcher:
     """Collects chip pairs, grades them ``batch_size`` at a time and flags them; keeps a sample
     of them for the order check (:class:`app.scoring.order.OrderSample`)."""
 
-    def __init__(self, predictor: Predictor, scores: Scores, batch_size: int):
+    def __init__(
+        self,
+        predictor: Predictor,
+        scores: Scores,
+        batch_size: int,
+        timer: StageTimes | None = None,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.predictor, self.scores, self.batch_size = predictor, scores, batch_size
+        self.timer = timer if timer is not None else StageTimes()
         self.flagger = Flagger(predictor.metadata)
         self.rows: list[int] = []
         self.pre: list[np.ndarray] = []
@@ -276,16 +299,17 @@ class Batcher:
         """Grade and flag the queued chip pairs."""
         if not self.rows:
             return
-        pre, post = np.stack(self.pre), np.stack(self.post)
-        pred = self.predictor.predict(pre, post, batch_size=self.batch_size)
-        probs = np.asarray(pred.probabilities, dtype=np.float64)
-        rows = np.asarray(self.rows)
-        self.scores.probs[rows] = probs
-        self.scores.class_id[rows] = probs.argmax(axis=1)
-        self.scores.status[rows] = SCORED
-        flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
-        for row, names in zip(rows, flags, strict=True):
-            self.scores.flags[row] = flags_text(names)
+        with self.timer.stage("infer"):
+            pre, post = np.stack(self.pre), np.stack(self.post)
+            pred = self.predictor.predict(pre, post, batch_size=self.batch_size)
+            probs = np.asarray(pred.probabilities, dtype=np.float64)
+            rows = np.asarray(self.rows)
+            self.scores.probs[rows] = probs
+            self.scores.class_id[rows] = probs.argmax(axis=1)
+            self.scores.status[rows] = SCORED
+        with self.timer.stage("flags"):
+            flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
+            self.scores.flags[rows] = [flags_text(names) for names in flags]
         self.rows, self.pre, self.post, self.context = [], [], [], []
 
 

@@ -61,6 +61,7 @@ from data_prep.report import Skipped
 from data_prep.scene import NOT_COVERED as CUT_NOT_COVERED
 from data_prep.scene import SKIPPED as CUT_SKIPPED
 from data_prep.scene import check_overlap, iter_building_chips, pixel_centroids
+from data_prep.timing import StageTimes
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -164,11 +165,15 @@ def score_scene(
     name = name or Path(buildings).stem
     class_names = tuple(predictor.class_names)
     report = ScoreReport(scene=name, class_names=class_names)
+    timer = StageTimes()
     with bounded_gdal_cache(), open_scene(pre, post, options.max_pixels) as scene:
         footprints = load_footprints(buildings, scene.grid.crs)
         check_overlap(footprints, scene)
-        shift = align_scene(scene, pixel_centroids(scene.grid, footprints), options.align)
+        timer.add("open", time.perf_counter() - start)
+        with timer.stage("align"):
+            shift = align_scene(scene, pixel_centroids(scene.grid, footprints), options.align)
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
+        t = time.perf_counter()
         table = _read_features(buildings)
         n = len(table.geometries)
         report.buildings = n
@@ -185,8 +190,9 @@ def score_scene(
             )
             scores.status[row] = f"{SKIPPED}: {reason}"
             report.skipped.append(Skipped(f"{named} {uid}", reason))
+        timer.add("open", time.perf_counter() - t)
 
-        batcher = Batcher(predictor, scores, options.batch_size)
+        batcher = Batcher(predictor, scores, options.batch_size, timer)
         for b in iter_building_chips(
             scene,
             footprints,
@@ -194,6 +200,7 @@ def score_scene(
             block_size=options.block_size,
             progress=options.progress,
             context=True,
+            timer=timer,
         ):
             row = int(footprints.rows[b.index])
             if b.status == CUT_NOT_COVERED:
@@ -206,12 +213,13 @@ def score_scene(
         batcher.flush()
         report.skipped.extend(scene.all_skipped())
         report_counts(report, scores)
-        order = check_order(
-            pre, post, predictor, batcher.sample, scores.class_id, options.batch_size
-        )
+        with timer.stage("order"):
+            order = check_order(
+                pre, post, predictor, batcher.sample, scores.class_id, options.batch_size
+            )
         record_order(report, order)
 
-        with all_or_nothing(report):
+        with all_or_nothing(report), timer.stage("outputs"):
             _scene_outputs(
                 predictor,
                 scene,
@@ -227,6 +235,8 @@ def score_scene(
                 web_map,
             )
     report.seconds = time.perf_counter() - start
+    if options.profile:
+        report.stages = timer.as_dict()
     return report
 
 

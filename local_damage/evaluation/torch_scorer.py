@@ -108,7 +108,7 @@ class TorchScorer(Scorer):
             second = augmented_view(chips, chip_ids, self.input_size, seed)
             z_view2 = self._forward(second, batch_size, progress, "second view", full=False)["z"]
         return Scored(
-            chip_ids=[r["chip_id"] for r in plain.records],
+            chip_ids=list(plain.chip_ids),
             labels=first["labels"].astype("int64"),
             logits=first["logits"],
             probabilities=softmax(first["logits"].astype("float64"), axis=1).astype("float32"),

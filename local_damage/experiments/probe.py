@@ -90,7 +90,7 @@ def probe(
     except (FileNotFoundError, ValueError) as exc:  # the store's manifest or splits
         raise ProbeError(str(exc)) from exc
     ds = ChipPairDataset(chips, ids, cfg.data.input_size, augment=False)
-    keep = [r["chip_id"] for r in ds.records if int(r["label"]) >= 0]
+    keep = list(ds.chip_ids[ds.labels >= 0])
     ds = ChipPairDataset(chips, keep, cfg.data.input_size, augment=False)
     generator = torch.Generator().manual_seed(cfg.train.seed)
     loader = DataLoader(

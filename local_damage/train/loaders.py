@@ -57,7 +57,7 @@ def training_set(cfg: Config, chips: str | Path, chip_ids: list[str]) -> ChipPai
     if len(keep) < len(dataset):
         dataset = ChipPairDataset(
             chips,
-            [dataset.records[i]["chip_id"] for i in keep],
+            list(dataset.chip_ids[keep]),
             size,
             augment=cfg.data.augment,
             seed=cfg.train.seed,
@@ -72,7 +72,7 @@ def training_set(cfg: Config, chips: str | Path, chip_ids: list[str]) -> ChipPai
 def validation_set(chips: str | Path, chip_ids: list[str], input_size: int) -> ChipPairDataset:
     """The labelled chips of ``chip_ids``, not augmented, in their order."""
     dataset = ChipPairDataset(chips, chip_ids, input_size, augment=False)
-    keep = [r["chip_id"] for r in dataset.records if int(r["label"]) >= 0]
+    keep = list(dataset.chip_ids[dataset.labels >= 0])
     return ChipPairDataset(chips, keep, input_size, augment=False)
 
 

@@ -1,0 +1,307 @@
+"""Scoring per block: the work shared between the buildings of one read gives, building by
+building, what the per-building code gives (the same chips, coverage, residual shifts and flags).
+
+Each shared path is held equal to the straightforward per-building function it replaces, which
+stays in the code as its reference: :func:`data_prep.footprint_cover.footprints_valid` to
+:func:`~data_prep.footprint_cover.footprint_valid`, :class:`data_prep.residual.ReadContext` to
+:func:`data_prep.residual.image_context_residual`, :func:`runtime.flags.sky_flags` and
+:meth:`runtime.flags.Flagger.batch` to :func:`~runtime.flags.sky_flag` and
+:meth:`~runtime.flags.Flagger.pair`, and the plain windowed read of a tile on the scene's own grid
+to the bilinear warp (``rasterio.warp.reproject``). The real-data tests do it on the Joplin scene.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from data_prep.footprint_cover import footprint_valid, footprints_valid
+from data_prep.residual import ReadContext, image_context_residual
+from runtime.flags import Flagger, sky_flag, sky_flags
+from tests.conftest import shared_data
+
+
+def _textured(rng, height: int, width: int) -> np.ndarray:
+    import cv2
+
+    base = (rng.random((height // 8 + 2, width // 8 + 2, 3)) * 255).astype(np.uint8)
+    return cv2.resize(base, (width, height), interpolation=cv2.INTER_CUBIC)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def test_read_context_equals_per_building_residual():
+    rng = np.random.default_rng(0)
+    finite = 0
+    for trial in range(5):
+        height, width = (int(v) for v in rng.integers(300, 800, 2))
+        pre = _textured(rng, height, width)
+        post = np.roll(pre, (int(rng.integers(-5, 6)), int(rng.integers(-5, 6))), axis=(0, 1))
+        post = np.clip(post.astype(int) + rng.integers(-20, 20, post.shape), 0, 255)
+        post = post.astype(np.uint8)
+        valid = np.ones((height, width), bool)
+        if trial % 2:  # invalid corners: windows there are filled
+            valid[: height // 3, : width // 4] = False
+            valid[:, -20:] = False
+        valid = None if trial == 4 else valid
+        shared = ReadContext(pre, post, valid)
+        for _ in range(30):
+            centre = (float(rng.uniform(-50, width + 50)), float(rng.uniform(-50, height + 50)))
+            side = int(rng.choice([0, 100, 600]))
+            want = image_context_residual(pre, post, centre, side, valid=valid)
+            got = shared.residual(centre, side)
+            assert _same(want, got), (trial, centre, side, want, got)
+            finite += not math.isnan(want)
+    assert finite > 20  # most windows are measured, not NaN
+
+
+def test_read_context_refuses_mismatched_images():
+    a = np.zeros((10, 10, 3), np.uint8)
+    with pytest.raises(ValueError, match="one \\[H, W, 3\\] shape"):
+        ReadContext(a, np.zeros((10, 12, 3), np.uint8))
+
+
+def _random_footprints(rng, n: int, extent: int):
+    import shapely
+
+    cx, cy = rng.uniform(-30, extent + 30, (2, n))
+    w, h = rng.uniform(0.2, 40, (2, n))
+    boxes = shapely.box(cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+    angles = rng.uniform(0, 90, n)
+    return [shapely.affinity.rotate(b, a) for b, a in zip(boxes, angles, strict=True)]
+
+
+def _check_cover(geometries, valid, col_off, row_off) -> int:
+    import shapely
+
+    bounds = shapely.bounds(np.array(geometries, dtype=object))
+    got = footprints_valid(geometries, bounds, valid, col_off, row_off)
+    want = np.array([footprint_valid(g, valid, col_off, row_off) for g in geometries])
+    np.testing.assert_array_equal(got, want)
+    return int(want.sum())
+
+
+def test_footprints_valid_equals_per_building():
+    rng = np.random.default_rng(1)
+    covered = 0
+    for trial in range(6):
+        height, width = (int(v) for v in rng.integers(100, 400, 2))
+        valid = np.kron(rng.random((height // 16 + 1, width // 16 + 1)) > 0.2, np.ones((16, 16)))
+        valid = valid[:height, :width].astype(bool)
+        if trial == 0:
+            valid[:] = True
+        col_off, row_off = (int(v) for v in rng.integers(-50, 50, 2))
+        geoms = _random_footprints(rng, 150, max(height, width))
+        geoms = [g.buffer(0) for g in geoms]
+        import shapely
+
+        geoms = [shapely.affinity.translate(g, col_off, row_off) for g in geoms]
+        covered += _check_cover(geoms, valid, col_off, row_off)
+    assert covered > 50
+    assert not footprints_valid([], np.zeros((0, 4)), np.ones((4, 4), bool), 0, 0).size
+
+
+def test_sky_flags_and_flagger_batch_equal_per_pair():
+    rng = np.random.default_rng(2)
+    n = 24
+    pre = np.stack([_textured(rng, 32, 32) for _ in range(n)])
+    post = pre.copy()
+    post[0:4] = 240 + rng.integers(0, 3, post[0:4].shape)  # cloud: bright and flat
+    post[4:8] = (pre[4:8] * 0.3 + 120).astype(np.uint8)  # haze
+    post[8:10] = 0  # blank
+    pre[10] = 7  # blank pre
+    post[11:] = np.clip(post[11:].astype(int) + rng.integers(-30, 30, post[11:].shape), 0, 255)
+    want = [sky_flag(a, b) for a, b in zip(pre, post, strict=True)]
+    assert sky_flags(pre, post) == want
+    assert {"cloud", "haze", None} <= set(want)
+    flagger = Flagger({})
+    context = [float(v) for v in rng.uniform(0, 20, n)]
+    context[3] = math.nan
+    got = flagger.batch(pre, post, None, context_px=context)
+    assert got == [
+        flagger.pair(a, b, None, None, c) for a, b, c in zip(pre, post, context, strict=True)
+    ]
+    assert ["blank"] in got and any("misaligned" in f for f in got)
+    assert sky_flags(pre[:0], post[:0]) == [] and flagger.batch(pre[:0], post[:0], None) == []
+
+
+def _warped(tile, crs, transform, width, height):
+    """The bilinear warp that :meth:`data_prep.mosaic.Tile.read_warped` does off the grid."""
+    import rasterio
+    from rasterio.warp import Resampling, reproject
+
+    data = np.zeros((4, height, width), dtype=np.uint8)
+    reproject(
+        rasterio.band(tile.dataset, [1, 2, 3]),
+        data,
+        dst_transform=transform,
+        dst_crs=crs,
+        resampling=Resampling.bilinear,
+        dst_alpha=4,
+    )
+    return np.ascontiguousarray(np.moveaxis(data[:3], 0, -1)), data[3] > 0
+
+
+def _check_aligned_reads(path, windows) -> None:
+    from rasterio.windows import transform as window_transform
+
+    from data_prep.mosaic import open_tile
+
+    tile = open_tile(path)
+    try:
+        ds = tile.dataset
+        for col, row, width, height in windows:
+            t = window_transform(((row, row + height), (col, col + width)), ds.transform)
+            assert tile._aligned(ds.crs, t) == (col, row)
+            rgb, valid = tile.read_warped(ds.crs, t, width, height)
+            want_rgb, want_valid = _warped(tile, ds.crs, t, width, height)
+            np.testing.assert_array_equal(valid, want_valid)
+            np.testing.assert_array_equal(rgb, want_rgb)
+    finally:
+        tile.close()
+
+
+def test_aligned_tile_read_equals_warp(tmp_path):
+    import rasterio
+    from affine import Affine
+
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (3, 300, 400), dtype=np.uint8)
+    path = tmp_path / "t.tif"
+    profile = dict(driver="GTiff", width=400, height=300, count=3, dtype="uint8")
+    transform = Affine(0.5, 0, 362000.0, 0, -0.5, 4102000.0)
+    with rasterio.open(path, "w", crs="EPSG:32615", transform=transform, **profile) as ds:
+        ds.write(data)
+    # inside, across each edge, and wholly outside the tile
+    windows = [(10, 20, 64, 48), (-30, 250, 100, 80), (380, -10, 50, 40), (500, 400, 16, 16)]
+    _check_aligned_reads(path, windows)
+
+    from data_prep.mosaic import open_tile
+
+    tile = open_tile(path)
+    try:  # half a pixel off the grid, another pixel size: warped as before
+        assert tile._aligned(tile.dataset.crs, transform @ Affine.translation(0.5, 0)) is None
+        assert tile._aligned(tile.dataset.crs, transform @ Affine.scale(2)) is None
+    finally:
+        tile.close()
+
+
+@pytest.mark.realdata
+def test_aligned_read_equals_warp_on_real_tiles():
+    root = shared_data("joplin_geotiff")
+    for path in sorted((root / "pre").glob("*.tif"))[:2]:
+        _check_aligned_reads(path, [(100, 200, 700, 500), (-40, -40, 300, 300)])
+
+
+@pytest.mark.realdata
+def test_footprints_valid_on_real_footprints():
+    import shapely
+
+    from data_prep.footprints import load_footprints
+    from data_prep.mosaic import open_scene
+
+    root = shared_data("joplin_geotiff")
+    pre, post = sorted((root / "pre").glob("*.tif")), sorted((root / "post").glob("*.tif"))
+    with open_scene(pre, post) as scene:
+        footprints = load_footprints(root / "footprints" / "joplin.geojson", scene.grid.crs)
+        pixels = scene.grid.to_pixels(footprints.geometries)
+    bounds = shapely.bounds(pixels)
+    rng = np.random.default_rng(4)
+    covered = 0
+    for _ in range(8):
+        c0, r0 = (int(v) for v in rng.integers(0, 3000, 2))
+        height, width = (int(v) for v in rng.integers(400, 1400, 2))
+        valid = np.kron(rng.random((height // 16 + 1, width // 16 + 1)) > 0.1, np.ones((16, 16)))
+        valid = valid[:height, :width].astype(bool)
+        near = (bounds[:, 2] > c0 - 20) & (bounds[:, 0] < c0 + width + 20)
+        near &= (bounds[:, 3] > r0 - 20) & (bounds[:, 1] < r0 + height + 20)
+        geoms = [pixels[k] for k in np.flatnonzero(near)]
+        geoms += [shapely.affinity.translate(g, 3.3, 1.7) for g in geoms[:5]]  # overlapping
+        covered += _check_cover(geoms, valid, c0, r0)
+    assert covered > 100
+
+
+@pytest.mark.realdata
+@pytest.mark.timeout(600)
+def test_joplin_per_block_equals_per_building():
+    """Cutting and flagging the Joplin scene per block (as scoring does) gives every building the
+    coverage, chips, residual shift and flags that the per-building functions give on the same
+    reads."""
+    from data_prep.alignment import align_scene
+    from data_prep.footprints import load_footprints
+    from data_prep.mosaic import open_scene
+    from data_prep.quality import blank_reason
+    from data_prep.scene import (
+        CHIP,
+        NOT_COVERED,
+        SKIPPED,
+        iter_building_chips,
+        pixel_centroids,
+        plan_reads,
+    )
+    from data_prep.windows import ChipWindow, cut_pair
+    from runtime.predictor import Predictor
+    from runtime.registry import default_model
+
+    root = shared_data("joplin_geotiff")
+    pre, post = sorted((root / "pre").glob("*.tif")), sorted((root / "post").glob("*.tif"))
+    predictor = Predictor(default_model(), threads=1)
+    spec = predictor.spec
+    with open_scene(pre, post) as scene:
+        footprints = load_footprints(root / "footprints" / "joplin.geojson", scene.grid.crs)
+        shift = align_scene(scene, pixel_centroids(scene.grid, footprints), "auto")
+        assert shift.to_dict()  # measured (Joplin's post is corrected by under a pixel)
+        buildings = plan_reads(scene, footprints, spec).buildings
+        reads = []  # the real reads of the scene, as cutting makes them
+        read_pair = scene.read_pair
+
+        def recorded(c0, r0, width, height):
+            got = read_pair(c0, r0, width, height)
+            reads.append((c0, r0, got))
+            return got
+
+        scene.read_pair = recorded
+        chips = [(b, reads[-1] if reads else None) for b in iter_building_chips(
+            scene, footprints, spec, progress=False, context=True)]  # fmt: skip
+    counts = {CHIP: 0, NOT_COVERED: 0, SKIPPED: 0}
+    pairs, context = [], []
+    for b, read in chips:
+        counts[b.status] = counts.get(b.status, 0) + 1
+        if read is None:  # settled by the plan, before any read
+            assert b.status in (NOT_COVERED, SKIPPED), b.uid
+            continue
+        c0, r0, (pre_rgb, pre_valid, post_rgb, post_valid) = read
+        both = pre_valid & post_valid
+        k = b.index
+        if not footprint_valid(buildings.pixels[k], both, c0, r0):
+            assert b.status == NOT_COVERED, b.uid
+            continue
+        w = buildings.windows[k]
+        local = ChipWindow(w.col_off - c0, w.row_off - r0, w.size)
+        want_pre, want_post = cut_pair(pre_rgb, post_rgb, local, spec.chip_size)
+        if blank_reason(want_pre, want_post):
+            assert b.status == SKIPPED, b.uid
+            continue
+        assert b.status == CHIP, b.uid
+        np.testing.assert_array_equal(b.pre, want_pre)
+        np.testing.assert_array_equal(b.post, want_post)
+        centre = (local.col_off + w.size / 2, local.row_off + w.size / 2)
+        want = image_context_residual(pre_rgb, post_rgb, centre, w.size, valid=both)
+        assert _same(b.context_px, want), (b.uid, b.context_px, want)
+        pairs.append((b.pre, b.post))
+        context.append(b.context_px)
+    assert counts[CHIP] > 300 and counts[NOT_COVERED] > 1000  # Joplin: 363 scored, 2460 not covered
+
+    flagger = Flagger(predictor.metadata)
+    a, b = np.stack([p for p, _ in pairs]), np.stack([q for _, q in pairs])
+    embedding = predictor.predict(a, b, batch_size=32).embedding
+    for s in range(0, len(a), 32):
+        batch = flagger.batch(a[s : s + 32], b[s : s + 32], embedding[s : s + 32],
+                              context_px=context[s : s + 32])  # fmt: skip
+        for i, got in enumerate(batch):
+            j = s + i
+            assert got == flagger.pair(a[j], b[j], embedding[j], None, context[j]), j

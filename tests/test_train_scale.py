@@ -1,0 +1,89 @@
+"""Training at scale: a simulated chip store, a dataset whose per-chip state is compact, and
+`local-damage bench train --chips` at a tiny size (it runs and its figures add up; not timed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from bench.train_scale import PER_SHARD, UNIQUE_SHARDS, make_sim_store
+from data_prep.store import ChipReader, read_manifest
+from data_prep.windows import resize_chip
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def sim_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("sim")
+
+
+def test_sim_store_links_tiles_to_few_unique_shards(sim_root):
+    store = make_sim_store(sim_root, 5_050)
+    frame = read_manifest(store)
+    assert len(frame) == 5_050 and frame["chip_id"].is_unique
+    assert frame["tile"].nunique() == 51  # 50 full tiles and one of 50 chips
+    assert set(frame["label"]) <= {0, 1, 2, 3}
+    shards = sorted((store / "shards").glob("*.npy"))
+    assert len(shards) == 2 * 51
+    inodes = {os.stat(p).st_ino for p in shards}
+    assert len(inodes) == 2 * UNIQUE_SHARDS  # every tile a link to one of the unique shards
+    reader = ChipReader(store)
+    row = frame.iloc[PER_SHARD * UNIQUE_SHARDS + 7].to_dict()  # the tile after the last unique
+    again = frame.iloc[7].to_dict()
+    for a, b in zip(reader.pair(row), reader.pair(again), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert make_sim_store(sim_root, 5_050) == store  # made once
+
+
+def _retained(make) -> int:
+    tracemalloc.start()
+    try:
+        kept = make()
+        size = tracemalloc.get_traced_memory()[0]
+        del kept
+    finally:
+        tracemalloc.stop()
+    return size
+
+
+def test_dataset_keeps_per_chip_numbers_not_rows(sim_root):
+    pytest.importorskip("torch")
+    from local_damage.data import ChipPairDataset
+
+    store = make_sim_store(sim_root, 5_050)
+    frame = _retained(lambda: read_manifest(store))
+    dataset = _retained(lambda: ChipPairDataset(store, None, 32))
+    assert (dataset - frame) / 5_050 < 200  # bytes per chip beyond the manifest itself
+    ds = ChipPairDataset(store, None, 32)
+    rows = read_manifest(store).to_dict("records")
+    reader = ChipReader(store)
+    for i in (0, 4_321, 5_049):
+        pre, post, label = ds[i]
+        a, b = reader.pair(rows[i])
+        assert label == rows[i]["label"] and pre.shape == (3, 32, 32)
+        np.testing.assert_array_equal(pre.numpy().transpose(1, 2, 0), resize_chip(a, 32))
+        np.testing.assert_array_equal(post.numpy().transpose(1, 2, 0), resize_chip(b, 32))
+    assert list(ds.chip_ids[:2]) == [rows[0]["chip_id"], rows[1]["chip_id"]]
+
+
+@pytest.mark.timeout(900)
+def test_bench_train_chips_tiny(sim_root, capsys):
+    pytest.importorskip("torch")
+    argv = ["bench", "train", "--chips", "200,5050", "--timed-batches", "3"]
+    assert run_cli(*argv, "--loader-workers", "1", "--dir", sim_root, "--json") == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert [r["chips"] for r in figures["rows"]] == [200, 5_050]
+    for r in figures["rows"]:
+        assert r["workers"] == 1 and r["batch_size"] == 16 and r["device"] == "cpu"
+        for key in ("loader_chips_per_s", "step_chips_per_s", "loop_chips_per_s"):
+            assert r[key] > 0, key
+        assert r["loader_over_step"] == pytest.approx(
+            r["loader_chips_per_s"] / r["step_chips_per_s"], rel=0.02
+        )
+        assert r["main_rss_mb"] > 50 and r["worker_rss_mb"] > 10 and r["train_rss_mb"] > 50
+    assert figures["unique_mb"] > 0
+    assert run_cli("bench", "train", "--chips", "0") == 2
