@@ -40,10 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "write a self-describing copy of the model that carries it (the `adaptation` "
             "metadata). Several heads are cross-validated on the labels (base model unchanged, "
             "class prototypes blended with the model's own, logistic regression on the "
-            "embedding, and the same with the base model's log-probabilities as a prior); the "
-            "one with the lowest cross-validated log-loss is kept. Classes without a label keep "
-            "the base model's probabilities, discounted by how often the base model expected "
-            "them among the labelled buildings (--unlabelled). Labelled buildings come from a "
+            "embedding, and the same with the base model's log-probabilities as a prior, each "
+            "with classes without a label kept or discounted); the base model is kept unless a "
+            "candidate beats it clearly on the cross-validated log-loss and macro-F1. A class "
+            "without a label keeps the base model's probability unless the base model called "
+            "labelled buildings so (--unlabelled). Labelled buildings come from a "
             "chip store "
             "(--chips), a labelled footprint file on pre/post imagery (--buildings with "
             "--label-field, or an xBD --labels JSON) and the app's saved corrections "
@@ -100,9 +101,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--unlabelled",
         choices=UNLABELLED_RULES,
         default="discount",
-        help="classes without a label: discount their base probability by how often the base "
-        "model expected them among the labelled buildings (default), or keep it exactly "
-        "(docs/adapt.md)",
+        help="classes without a label: also try discounting the base probability of those the "
+        "base model called on labelled buildings (default), or keep it exactly (docs/adapt.md)",
     )
     p.add_argument(
         "--suggest",

@@ -21,6 +21,7 @@ from bench import alignment as bench_alignment
 from bench import fewshot as bench_fewshot
 from bench import flags as bench_flags
 from bench import infer as bench_infer
+from bench import newtile as bench_newtile
 from bench import score as bench_score
 from bench import train as bench_train
 from cli import adapt as adapt_cli
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_alignment.add_parser(bench_sub)
     bench_score.add_parser(bench_sub)
     bench_adapt.add_parser(bench_sub)
+    bench_newtile.add_parser(bench_sub)
     return parser
 
 

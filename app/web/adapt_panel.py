@@ -155,7 +155,7 @@ class EventAdaptation:
             f"**Adapted** to {labels['n']} corrected buildings of event **{self.labels.event}** "
             f"({n_sessions} assessment{'s' if n_sessions != 1 else ''}): {per_class}.",
             "",
-            f"- head: **{block['method']}** (lowest cross-validated log-loss, {cv['scheme']})"
+            f"- head: **{block['method']}** (the base model unless a candidate beats it clearly, {cv['scheme']})"
             + (
                 "; no head beat the base model on these labels, so the new model grades as the "
                 "base model does"
