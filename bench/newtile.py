@@ -33,6 +33,8 @@ from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from cli.options import add_model_args, add_report_args
 from data_prep.store import atomic_path
+from local_damage.adapt.finetune import FinetuneOptions, finetune, input_size, weights_beside
+from local_damage.adapt.network import FinetuneError, predict
 from local_damage.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.registry import default_model
@@ -85,6 +87,7 @@ def bench_new_tile(
     min_eval: int = 20,
     arms=("heads",),
     finetune_options: dict[str, Any] | None = None,
+    tune_draws: int | None = None,
 ) -> dict[str, Any]:
     """Every draw's figures (module docstring).
 
@@ -108,6 +111,7 @@ def bench_new_tile(
     t0, _ = base_of(predictor.metadata)
     protos = base_prototypes(predictor.metadata, names)
     sizes = Counter(tile.tolist())
+    weights = weights_beside(model)
     rows: list[dict[str, Any]] = []
     for k in ks:
         eligible = sorted(t for t, n in sizes.items() if n >= k + min_eval)
@@ -124,6 +128,8 @@ def bench_new_tile(
             common = {"k": int(k), "draw": d, "tile": t, "n_eval": int(len(rest))}
             common["base"] = round(base_f1, 6)
             for arm in arms:
+                if arm != "heads" and tune_draws is not None and d >= tune_draws:
+                    continue
                 start = time.perf_counter()
                 if arm == "heads":
                     try:
@@ -135,17 +141,9 @@ def bench_new_tile(
                     except AdaptError:  # adapt refuses: the analyst keeps the base model
                         pred, head = base_pred[rest], "base (refused)"
                 else:
-                    from local_damage.adapt.finetune import finetune_arrays
-
-                    unlabelled = rest if arm == "semi" else None
-                    pred, head = finetune_arrays(
-                        predictor,
-                        b,
-                        given,
-                        rest,
-                        unlabelled,
-                        seed=seed + d,
-                        **(finetune_options or {}),
+                    unl = rest if arm == "semi" else None
+                    pred, head = tuned_predictions(
+                        weights, b, given, rest, unl, base_pred[rest], seed + d, finetune_options
                     )
                 rows.append(
                     {
@@ -164,6 +162,30 @@ def bench_new_tile(
         "rows": rows,
         "summary": summarise(rows),
     }
+
+
+def tuned_predictions(weights, b, given, rest, unlabelled, base_pred, seed, options=None):
+    """``(predicted classes of rest, what was kept)`` of the network fine-tuned on the labels
+    ``given`` (with the ``unlabelled`` buildings for FixMatch), as ``adapt --finetune`` /
+    ``--semi`` would write it; the base model's own predictions when the base network is kept
+    or fine-tuning refuses the labels."""
+    opts = FinetuneOptions(seed=seed, **(options or {}))
+    try:
+        r = finetune(
+            weights,
+            b.pre[given],
+            b.post[given],
+            b.labels[given],
+            opts,
+            None if unlabelled is None else b.pre[unlabelled],
+            None if unlabelled is None else b.post[unlabelled],
+        )
+    except FinetuneError:
+        return base_pred, "base (refused)"
+    if not r.epochs:
+        return base_pred, "base"
+    logits = predict(r.net, b.pre[rest], b.post[rest], input_size(r.config, b.pre.shape[1]))
+    return logits.argmax(1), f"{r.epochs} epochs"
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -235,6 +257,13 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--arms", type=_arms, default=["heads"], metavar="LIST", help="heads,finetune,semi"
     )
+    p.add_argument(
+        "--tune-draws",
+        type=int,
+        metavar="N",
+        help="draws per k for the finetune and semi arms (default: --draws; each takes tens "
+        "of seconds)",
+    )
     p.add_argument("--out", metavar="JSON", help="also write every draw here")
     add_report_args(p)
     p.set_defaults(func=run)
@@ -252,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         args.seed,
         args.min_eval,
         args.arms,
+        tune_draws=args.tune_draws,
     )
     if args.out:
         with atomic_path(Path(args.out), suffix=".json") as tmp:
