@@ -214,6 +214,42 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def plot(summary: list[dict[str, Any]], path: str | Path) -> Path:
+    """Two panels against k, one line per arm: mean macro-F1 gain over the base model (+- one
+    standard error) and the share of draws worse by more than :data:`WORSE`; PNG, atomic."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.4))
+    gain_ax, worse_ax = fig.subplots(1, 2)
+    for arm in dict.fromkeys(s["arm"] for s in summary):
+        sel = [s for s in summary if s["arm"] == arm]
+        ks = [s["k"] for s in sel]
+        gain_ax.errorbar(
+            ks,
+            [s["gain"] for s in sel],
+            [s["gain_se"] for s in sel],
+            marker="o",
+            capsize=3,
+            label=arm,
+        )
+        worse_ax.plot(ks, [100 * s["worse_share"] for s in sel], marker="o", label=arm)
+    gain_ax.axhline(0, color="grey", lw=0.8)
+    gain_ax.set(xlabel="labelled buildings of the tile (k)", ylabel="macro-F1 gain over the base")
+    worse_ax.axhline(100 * 0.05, color="grey", lw=0.8, ls="--")
+    worse_ax.set(xlabel="labelled buildings of the tile (k)", ylabel="% of draws worse by > 0.01")
+    ks = sorted({s["k"] for s in summary})
+    for ax in (gain_ax, worse_ax):
+        ax.set_xticks(ks)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("A new tile of a known event (bench new-tile)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    return path
+
+
 def format_summary(summary: list[dict[str, Any]]) -> str:
     lines = [
         "| arm | k | draws | base macro-F1 | adapted | gain (+- se) | worse by > 0.01 | kept |",
@@ -265,6 +301,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
         "of seconds)",
     )
     p.add_argument("--out", metavar="JSON", help="also write every draw here")
+    p.add_argument("--plot", metavar="PNG", help="also plot the gain and the share made worse")
     add_report_args(p)
     p.set_defaults(func=run)
 
@@ -286,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         with atomic_path(Path(args.out), suffix=".json") as tmp:
             Path(tmp).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result["summary"], args.plot)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

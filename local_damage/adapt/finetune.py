@@ -62,7 +62,10 @@ class FinetuneOptions:
     weight_decay: float = 1e-4
     batch_size: int = 32
     seed: int = 0
-    threads: int | None = None
+    #: torch threads while fine-tuning (None: torch's default). One: on a shared 2-core
+    #: machine, two threads doubled the CPU time of a fine-tuning (spinning threads) and made
+    #: it slower, not faster.
+    threads: int | None = 1
     #: FixMatch on unlabelled buildings (:mod:`local_damage.adapt.semi`): confidence threshold,
     #: weight of the pseudo-label loss, unlabelled pairs per labelled pair in a step.
     confidence: float = 0.95
