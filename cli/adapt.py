@@ -35,6 +35,13 @@ from cli.options import (
     add_report_args,
     align_argument,
 )
+from local_damage.adapt.finetune import (
+    FinetuneOptions,
+    export_finetuned,
+    finetune,
+    weights_beside,
+)
+from local_damage.adapt.network import FinetuneError, require_torch
 from runtime.predictor import Predictor
 from runtime.registry import default_model
 
@@ -297,14 +304,6 @@ def finetune_model(
         FinetuneError: PyTorch missing (the message says what to install), no weights, too few
             labels.
     """
-    from local_damage.adapt.finetune import (
-        FinetuneOptions,
-        export_finetuned,
-        finetune,
-        weights_beside,
-    )
-    from local_damage.adapt.network import FinetuneError, require_torch
-
     require_torch()
     base_meta = predictor.metadata
     if isinstance(base_meta.get("adaptation"), dict) and base_meta["adaptation"].get(
