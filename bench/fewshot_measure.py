@@ -1,10 +1,10 @@
 """The measurements of one held-out event: per repeat and number of labels k, the base model
-adapted to k labels (random or suggested) and the network fine-tuned on them, each scored on the
-rest of the event."""
+adapted to k labels (random or suggested), and the network fine-tuned on the random ones as
+``adapt --finetune`` does it, alone and with the event's other buildings as unlabelled imagery
+(``adapt --semi``), each scored on the rest of the event."""
 
 from __future__ import annotations
 
-import tempfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,10 +17,10 @@ from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from app.adapt.suggest import suggestion_order
 from bench.fewshot_settings import Settings, pool_size
-from local_damage.config import apply_overrides
-from local_damage.evaluation.torch_scorer import TorchScorer
+from local_damage.adapt.finetune import FinetuneOptions, finetune, input_size
+from local_damage.adapt.network import FinetuneError, predict
+from local_damage.export.weights import export_weights
 from local_damage.metrics import classification_metrics
-from local_damage.train.loop import train
 from runtime.predictor import Predictor
 
 
@@ -29,26 +29,28 @@ def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, 
     return {"accuracy": round(float(m["accuracy"]), 6), "macro_f1": round(float(m["macro_f1"]), 6)}
 
 
-def finetune(cfg, chips, base_run: Path, label_ids, eval_ids, epochs, overrides, seed, folder):
-    """``(predictions in eval_ids order, note)`` of ``train --init base_run`` on ``label_ids``."""
-    batch = min(cfg.train.batch_size, len(label_ids))
-    sets = [
-        f"train.epochs={epochs}",
-        f"train.batch_size={batch}",
-        "train.keep=last",
-        "train.patience=0",
-        f"train.seed={seed}",
-        *overrides,
-    ]
-    tuned = apply_overrides(cfg, sets)
-    with tempfile.TemporaryDirectory(prefix="finetune-", dir=folder) as tmp:
-        train(tuned, chips, tmp, init=base_run, progress=False, ids=(list(label_ids), []))
-        scored = TorchScorer(tmp).score(chips, list(eval_ids), batch_size=cfg.train.eval_batch_size)
-    where = {c: i for i, c in enumerate(scored.chip_ids)}
-    logits = scored.logits[[where[c] for c in eval_ids]]
-    if not np.isfinite(logits).all():
-        return None, "fine-tuning diverged (non-finite logits)"
-    return logits.argmax(1), f"{epochs} epoch(s), batch {batch}"
+def tuned(weights: Path, b, given, ev, unlabelled, max_epochs: int, seed: int):
+    """``(predictions of ev or None, model, note)``: the network fine-tuned on the labels
+    ``given`` as ``adapt --finetune`` does it (with ``unlabelled``, FixMatch as ``adapt --semi``);
+    None when the base network was kept or fine-tuning refused the labels (the base model's
+    grades stand)."""
+    opts = FinetuneOptions(max_epochs=max_epochs, seed=seed)
+    try:
+        r = finetune(
+            weights,
+            b.pre[given],
+            b.post[given],
+            b.labels[given],
+            opts,
+            None if unlabelled is None else b.pre[unlabelled],
+            None if unlabelled is None else b.post[unlabelled],
+        )
+    except FinetuneError as exc:
+        return None, "base", f"fine-tuning refused: {exc}"
+    if not r.epochs:
+        return None, "base", f"base network kept ({r.seconds:.0f} s)"
+    logits = predict(r.net, b.pre[ev], b.post[ev], input_size(r.config, b.pre.shape[1]))
+    return logits.argmax(1), "finetuned", f"{r.epochs} epoch(s) ({r.seconds:.0f} s)"
 
 
 def measure_event(
@@ -71,6 +73,9 @@ def measure_event(
     t0, _ = base_of(predictor.metadata)
     protos = base_prototypes(predictor.metadata, names)
     n_pool = pool_size(len(b), settings)
+    weights = base_onnx.with_suffix(".safetensors")
+    if settings.finetune_epochs and not weights.is_file():
+        export_weights(base_run, weights)
     rows: list[dict[str, Any]] = []
     splits: list[dict[str, Any]] = []
     for r in range(settings.repeats):
@@ -102,8 +107,10 @@ def measure_event(
                     order=np.arange(len(rest)),
                 )
                 suggested += rest[ranked].tolist()
-            for arm in ("adapt-random", "adapt-suggested", "finetune"):
-                if arm == "finetune" and not settings.finetune_epochs:
+            for arm in ("adapt-random", "adapt-suggested", "finetune", "semi"):
+                if arm in ("finetune", "semi") and (
+                    not settings.finetune_epochs or (settings.tune_k and k not in settings.tune_k)
+                ):
                     continue
                 given = pool[:k] if arm != "adapt-suggested" else np.asarray(suggested[:k], int)
                 row: dict[str, Any] = {**common, "k": int(k), "arm": arm}
@@ -113,22 +120,14 @@ def measure_event(
                 }
                 if k == 0:
                     row.update(base, model="base")
-                elif arm == "finetune" and k < 2:
-                    row.update(model=None, note="fine-tuning needs 2 labels")
-                elif arm == "finetune":
-                    pred, note = finetune(
-                        cfg,
-                        chips,
-                        base_run,
-                        row["labelled"],
-                        ids[ev].tolist(),
-                        settings.finetune_epochs,
-                        settings.finetune_overrides or [],
-                        cfg.train.seed + r,
-                        base_onnx.parent,
+                elif arm in ("finetune", "semi"):
+                    # semi: every building of the event not given is unlabelled imagery
+                    unl = np.setdiff1d(np.arange(len(b)), given) if arm == "semi" else None
+                    pred, model, note = tuned(
+                        weights, b, given, ev, unl, settings.finetune_epochs, settings.seed + r
                     )
-                    row.update(_scores(y[ev], pred, names) if pred is not None else {})
-                    row.update(model="finetuned", note=note)
+                    row.update(base if pred is None else _scores(y[ev], pred, names))
+                    row.update(model=model if pred is None else arm, note=note)
                 else:
                     try:
                         a = adapt_head(

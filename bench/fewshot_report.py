@@ -17,11 +17,17 @@ from typing import Any
 from data_prep.store import atomic_path
 
 #: The arms, in table and plot order.
-ARMS = ("adapt-random", "adapt-suggested", "finetune")
+ARMS = ("adapt-random", "adapt-suggested", "finetune", "semi")
 #: Goal 1: with this many labels ...
 GOAL_K = 20
 #: ... the mean macro-F1 over events gains at least this much over k = 0.
 GOAL_GAIN = 0.10
+#: Goal 3: the mean macro-F1 over events at GOAL_K labels is at least this.
+GOAL_LEVEL = 0.45
+#: Goal 4: a draw is worse when its macro-F1 is below the base model's (k = 0, same repeat) by
+#: more than WORSE, and at most WORSE_SHARE of the draws may be, at every k.
+WORSE = 0.01
+WORSE_SHARE = 0.05
 METRICS = ("macro_f1", "accuracy")
 MEAN_ROW = "mean over events"
 
@@ -67,7 +73,48 @@ def summarise(rows: Sequence[Mapping[str, Any]], ks: Sequence[int]) -> dict[str,
             mean[arm][str(k)] = {
                 m: _mean_sd([per_event[e][arm][str(k)][m]["mean"] for e in events]) for m in METRICS
             }
-    return {"arms": arms, "events": per_event, "mean": mean}
+    return {"arms": arms, "events": per_event, "mean": mean, "worse": worse_shares(rows, arms, ks)}
+
+
+def worse_shares(rows: Sequence[Mapping[str, Any]], arms, ks) -> dict[str, Any]:
+    """Per arm and k > 0: ``{"share", "n"}``, the share of the draws (event and repeat) whose
+    macro-F1 is below the base model's of the same repeat by more than :data:`WORSE`."""
+    base = {(r["event"], r["repeat"]): r.get("macro_f1") for r in rows if int(r["k"]) == 0}
+    out: dict[str, Any] = {}
+    for arm in arms:
+        out[arm] = {}
+        for k in ks:
+            if int(k) == 0:
+                continue
+            diffs = [
+                r["macro_f1"] - base[(r["event"], r["repeat"])]
+                for r in rows
+                if r["arm"] == arm
+                and int(r["k"]) == int(k)
+                and r.get("macro_f1") is not None
+                and base.get((r["event"], r["repeat"])) is not None
+            ]
+            out[arm][str(k)] = {
+                "share": (sum(d < -WORSE for d in diffs) / len(diffs)) if diffs else None,
+                "n": len(diffs),
+            }
+    return out
+
+
+def worse_table(summary: Mapping[str, Any], ks: Sequence[int]) -> str:
+    """Markdown: per arm and k, the share of draws worse than the base model by > 0.01."""
+    shown = [k for k in ks if int(k) > 0]
+    lines = [
+        "| arm | " + " | ".join(f"k = {k}" for k in shown) + " |",
+        "|---|" + "---|" * len(shown),
+    ]
+    for arm, per_k in summary.get("worse", {}).items():
+        cells = []
+        for k in shown:
+            c = per_k.get(str(k)) or {}
+            cells.append("" if c.get("share") is None else f"{100 * c['share']:.0f}% of {c['n']}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def goals(summary: Mapping[str, Any], ks: Sequence[int]) -> list[dict[str, Any]]:
@@ -87,6 +134,32 @@ def goals(summary: Mapping[str, Any], ks: Sequence[int]) -> list[dict[str, Any]]
             out.append(
                 {"goal": text, "arm": arm, "value": gain, "passed": gain >= GOAL_GAIN - 1e-12}
             )
+    for arm in summary["arms"]:
+        at = mean[arm].get(str(GOAL_K), {}).get("macro_f1", {}).get("mean")
+        out.append(
+            {
+                "goal": f"{arm}: mean macro-F1 at k = {GOAL_K} >= {GOAL_LEVEL:.2f}",
+                "arm": arm,
+                "value": at,
+                "passed": None if at is None else at >= GOAL_LEVEL - 1e-12,
+            }
+        )
+        shares = {
+            int(k): c["share"]
+            for k, c in summary.get("worse", {}).get(arm, {}).items()
+            if c["share"] is not None
+        }
+        out.append(
+            {
+                "goal": f"{arm}: worse than the base model by > {WORSE} in at most "
+                f"{100 * WORSE_SHARE:.0f}% of draws at every k",
+                "arm": arm,
+                "value": shares or None,
+                "passed": all(v <= WORSE_SHARE + 1e-12 for v in shares.values())
+                if shares
+                else None,
+            }
+        )
     diffs = {}
     for k in ks:
         if int(k) == 0:
@@ -153,12 +226,16 @@ def markdown(results: Mapping[str, Any]) -> str:
             else ""
         )
         + f"; {s['repeats']} repeat(s), seed {s['seed']}, fine-tuning "
-        + (f"{s['finetune_epochs']} epoch(s)" if s["finetune_epochs"] else "off")
+        + (
+            f"at most {s['finetune_epochs']} epoch(s) (`adapt --finetune`, cross-validated)"
+            if s["finetune_epochs"]
+            else "off"
+        )
         + f"; classes without a label: {s.get('unlabelled', 'keep')} (`adapt --unlabelled`).",
         "",
         "Each event is held out in turn: a base model is trained on the other events, then per "
         "repeat the event's labelled buildings are split at random into a pool and an evaluation "
-        "set; k labels come from the pool (adapt-random and finetune: the first k of a random "
+        "set; k labels come from the pool (adapt-random, finetune and semi: the first k of a random "
         "order; adapt-suggested: in rounds, the smallest k by `app.adapt.suggest.suggestion_order` "
         "with the base model, a random draw (the random arm's), each larger k adding the top of "
         "the rest ranked with the head adapted to the labels so far: its uncertain buildings "
@@ -175,6 +252,11 @@ def markdown(results: Mapping[str, Any]) -> str:
         )
     lines += ["", "## Macro-F1", "", table(results["summary"], ks, "macro_f1")]
     lines += ["## Accuracy", "", table(results["summary"], ks, "accuracy")]
+    lines += [
+        "## Share of draws where adapting made it worse (macro-F1 below k = 0 by > 0.01)",
+        "",
+        worse_table(results["summary"], ks),
+    ]
     lines += ["## Goals", "", format_goals(results["goals"]), ""]
     if results["skipped"]:
         lines += ["## Events not measured", ""]
@@ -190,7 +272,12 @@ def plot(results: Mapping[str, Any], path: str | Path) -> Path:
 
     ks = [int(k) for k in results["settings"]["k"]]
     summary = results["summary"]
-    colours = {"adapt-random": "tab:blue", "adapt-suggested": "tab:orange", "finetune": "tab:green"}
+    colours = {
+        "adapt-random": "tab:blue",
+        "adapt-suggested": "tab:orange",
+        "finetune": "tab:green",
+        "semi": "tab:red",
+    }
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.subplots()
     for arm in summary["arms"]:

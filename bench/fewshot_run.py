@@ -31,7 +31,7 @@ from bench.fewshot_settings import (
     store_events,
 )
 from data_prep.store import atomic_path, safe_name, write_json
-from local_damage.config import ConfigError, apply_overrides, load_yaml
+from local_damage.config import ConfigError, load_yaml
 from local_damage.train.config import Config
 
 
@@ -57,10 +57,6 @@ def run_fewshot(
         cfg = load_yaml(Config, config, overrides)
     except ConfigError as exc:
         raise FewShotError(str(exc)) from exc
-    try:
-        apply_overrides(cfg, settings.finetune_overrides or [])
-    except ConfigError as exc:
-        raise FewShotError(f"--finetune-set: {exc}") from exc
     frame, available = store_events(chips)
     if len(available) < 2:
         raise FewShotError(
@@ -92,7 +88,9 @@ def run_fewshot(
         reasons = "; ".join(f"{s['event']}: {s['reason']}" for s in skipped)
         raise FewShotError(f"no event can be measured ({reasons})")
     steps_per_event = 1 + settings.repeats * sum(
-        2 + (settings.finetune_epochs > 0) for k in settings.k if k > 0
+        2 + 2 * (settings.finetune_epochs > 0 and (not settings.tune_k or k in settings.tune_k))
+        for k in settings.k
+        if k > 0
     )
     bar = tqdm(total=steps_per_event * len(sizes), disable=not progress, unit="step")
     info, rows, splits = {}, [], {}

@@ -23,8 +23,9 @@ BASE_SPLIT = "fewshot-split.json"
 #: Written in an event's folder: its measurements and the settings they were made with.
 EVENT_JSON = "measurements.json"
 #: Changes whenever what the arms measure changes, so that older measurements are not reused.
-MEASURE_VERSION = 4  # 2: suggested labels in rounds; 4: random first round, then mixed
-DEFAULT_K = (0, 5, 10, 20, 50)
+MEASURE_VERSION = 5  # 2: suggested labels in rounds; 4: random first round, then mixed;
+# 5: the never-worse choice of heads, fine-tuning as adapt --finetune, and the semi arm
+DEFAULT_K = (0, 5, 10, 20, 50, 100)
 DEFAULT_CONFIG = "configs/default.yaml"
 
 
@@ -39,8 +40,8 @@ class Settings:
     k: list[int]
     repeats: int = 5
     seed: int = 0
-    finetune_epochs: int = 10
-    finetune_overrides: list[str] | None = None
+    finetune_epochs: int = 8
+    tune_k: list[int] | None = None
     val_share: float = 0.1
     pool_share: float = 0.5
     min_eval: int = 20

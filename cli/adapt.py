@@ -6,6 +6,7 @@ import argparse
 import csv
 import json
 import sys
+from pathlib import Path
 
 from app.adapt.fit import METHODS, UNLABELLED_RULES
 from app.adapt.labelled import (
@@ -17,7 +18,15 @@ from app.adapt.labelled import (
     from_session,
     from_xbd,
 )
-from app.adapt.model import adapt_model, format_adaptation
+from app.adapt.model import (
+    AdaptResult,
+    adapt_model,
+    base_of,
+    calibration_after_adapt,
+    format_adaptation,
+    network_block,
+    write_adapted,
+)
 from app.adapt.suggest import COLUMNS, suggest, write_suggestions
 from cli.options import (
     add_chips_args,
@@ -26,6 +35,13 @@ from cli.options import (
     add_report_args,
     align_argument,
 )
+from local_damage.adapt.finetune import (
+    FinetuneOptions,
+    export_finetuned,
+    finetune,
+    weights_beside,
+)
+from local_damage.adapt.network import FinetuneError, require_torch
 from runtime.predictor import Predictor
 from runtime.registry import default_model
 
@@ -40,10 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "write a self-describing copy of the model that carries it (the `adaptation` "
             "metadata). Several heads are cross-validated on the labels (base model unchanged, "
             "class prototypes blended with the model's own, logistic regression on the "
-            "embedding, and the same with the base model's log-probabilities as a prior); the "
-            "one with the lowest cross-validated log-loss is kept. Classes without a label keep "
-            "the base model's probabilities, discounted by how often the base model expected "
-            "them among the labelled buildings (--unlabelled). Labelled buildings come from a "
+            "embedding, and the same with the base model's log-probabilities as a prior, each "
+            "with classes without a label kept or discounted); the base model is kept unless a "
+            "candidate beats it clearly on the cross-validated log-loss and macro-F1. A class "
+            "without a label keeps the base model's probability unless the base model called "
+            "labelled buildings so (--unlabelled). Labelled buildings come from a "
             "chip store "
             "(--chips), a labelled footprint file on pre/post imagery (--buildings with "
             "--label-field, or an xBD --labels JSON) and the app's saved corrections "
@@ -100,9 +117,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--unlabelled",
         choices=UNLABELLED_RULES,
         default="discount",
-        help="classes without a label: discount their base probability by how often the base "
-        "model expected them among the labelled buildings (default), or keep it exactly "
-        "(docs/adapt.md)",
+        help="classes without a label: also try discounting the base probability of those the "
+        "base model called on labelled buildings (default), or keep it exactly (docs/adapt.md)",
+    )
+    p.add_argument(
+        "--finetune",
+        action="store_true",
+        help="fine-tune the last residual block of the encoder and the classifier on the labels "
+        "(PyTorch; weights: --weights), the number of epochs chosen by cross-validation on the "
+        "labels, instead of adapting the head (docs/adapt.md)",
+    )
+    p.add_argument(
+        "--semi",
+        action="store_true",
+        help="fine-tune as --finetune and learn from the unlabelled buildings of the inputs as "
+        "well (FixMatch pseudo-labels, weak and strong views of each pair)",
+    )
+    p.add_argument(
+        "--weights",
+        metavar="SAFETENSORS",
+        help="with --finetune/--semi: the base model's fp16 weights (default: NAME.safetensors "
+        "beside the model NAME.onnx, as shipped with the bundled model)",
     )
     p.add_argument(
         "--suggest",
@@ -190,7 +225,15 @@ def run(args: argparse.Namespace) -> int:
     heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
     predictor = Predictor(args.model if args.model else default_model())
     buildings = read_inputs(args, predictor)
-    if args.out is not None:
+    tune = args.finetune or args.semi
+    if tune and args.out is None:
+        print("error: --finetune/--semi write a model: give --out", file=sys.stderr)
+        return 2
+    if args.out is not None and tune:
+        result = finetune_model(
+            predictor, buildings, args.out, semi=args.semi, seed=args.seed, weights=args.weights
+        )
+    elif args.out is not None:
         result = adapt_model(
             predictor,
             buildings,
@@ -203,10 +246,16 @@ def run(args: argparse.Namespace) -> int:
         block = result.block
         if not args.quiet:
             print(format_adaptation(block), file=sys.stderr)
+            what = (
+                f"{block['finetune']['epochs']} epoch(s) kept of {block['finetune']['max_epochs']}"
+                f" cross-validated, {block['cv']['scheme']}"
+                if tune
+                else f"{len(heads)} heads cross-validated, {block['cv']['scheme']}, then the "
+                "chosen one fitted on all"
+            )
             print(
-                f"fit: {result.fit_seconds:.3f} s for {block['labels']['n']} labels "
-                f"({len(heads)} heads cross-validated, {block['cv']['scheme']}, then the chosen "
-                f"one fitted on all); embedding pass {result.embed_seconds:.2f} s",
+                f"fit: {result.fit_seconds:.3f} s for {block['labels']['n']} labels ({what}); "
+                f"embedding pass {result.embed_seconds:.2f} s",
                 file=sys.stderr,
             )
             print(f"wrote {result.out}", file=sys.stderr)
@@ -240,3 +289,91 @@ def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
     writer.writerow(COLUMNS)
     for r in rows:
         writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in COLUMNS])
+
+
+def finetune_model(
+    predictor, buildings, out, semi: bool = False, seed: int = 0, weights=None, options=None
+) -> AdaptResult:
+    """Fine-tune ``predictor``'s network on the labelled buildings (with ``semi``, FixMatch on
+    the unlabelled ones too) and write the self-describing model ``out``: the composition of
+    :func:`local_damage.adapt.finetune.finetune` (PyTorch, imported here) and
+    :func:`app.adapt.model.network_block`. The web app gets this function from
+    ``local-damage app`` when PyTorch is installed.
+
+    Raises:
+        FinetuneError: PyTorch missing (the message says what to install), no weights, too few
+            labels.
+    """
+    require_torch()
+    base_meta = predictor.metadata
+    if isinstance(base_meta.get("adaptation"), dict) and base_meta["adaptation"].get(
+        "method"
+    ) not in (
+        "finetune",
+        "semi",
+    ):
+        raise FinetuneError(
+            f"{predictor.path}: carries an adapted head; fine-tune its base model instead"
+        )
+    labelled = buildings.subset(buildings.labelled)
+    sources = "; ".join(buildings.sources) or "the given buildings"
+    if len(labelled) == 0:
+        raise FinetuneError(f"{sources}: no labelled building to fine-tune on")
+    unl = buildings.subset(~buildings.labelled) if semi else None
+    if semi and (unl is None or len(unl) == 0):
+        raise FinetuneError(
+            f"{sources}: --semi learns from unlabelled buildings and the inputs have none "
+            "(give the whole tile: footprints with empty labels, an assessment, a chip store "
+            "with unlabelled chips)"
+        )
+    options = options or FinetuneOptions(seed=seed)
+    try:
+        result = finetune(
+            weights or weights_beside(predictor.path),
+            labelled.pre,
+            labelled.post,
+            labelled.labels,
+            options,
+            unl.pre if unl is not None else None,
+            unl.post if unl is not None else None,
+        )
+    except FinetuneError as exc:
+        raise FinetuneError(f"{sources}: {exc}") from exc
+    method = "semi" if semi else "finetune"
+    names = list(predictor.class_names)
+    chosen = method if result.epochs else "base"
+    cv = {
+        "scheme": result.scheme,
+        "candidates": {"base": result.curve[0]}
+        | ({chosen: result.curve[result.epochs]} if result.epochs else {}),
+        "curve": result.curve,
+    }
+    details = {
+        "epochs": result.epochs,
+        "max_epochs": options.max_epochs,
+        "blocks": options.blocks,
+        "lr": options.lr,
+        "batch_size": options.batch_size,
+        "choice": result.clear,
+        "unlabelled": 0 if unl is None else len(unl),
+        **({"fixmatch": {"confidence": options.confidence, **result.semi}} if semi else {}),
+    }
+    block = network_block(
+        method if result.epochs else "base",
+        names,
+        int(result.net.cfg.embed_dim),
+        predictor.path,
+        base_meta,
+        labelled.counts(names),
+        cv,
+        result.seconds,
+        details,
+        1.0 if result.epochs else base_of(base_meta)[0],
+    )
+    if not result.epochs:  # the base network kept: its own graph, exactly
+        write_adapted(predictor.path, out, block)
+        return AdaptResult(Path(out), block, 0.0, result.seconds)
+    props = {"adaptation": block, "calibration": calibration_after_adapt(block)}
+    outputs = base_meta.get("outputs") or []
+    export_finetuned(result, out, dict(base_meta), props, "change_map" in outputs)
+    return AdaptResult(Path(out), block, 0.0, result.seconds)

@@ -23,6 +23,7 @@ from bench import fewshot as bench_fewshot
 from bench import flags as bench_flags
 from bench import infer as bench_infer
 from bench import map as bench_map
+from bench import newtile as bench_newtile
 from bench import score as bench_score
 from bench import train as bench_train
 from cli import adapt as adapt_cli
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_city.add_parser(bench_sub)
     bench_adapt.add_parser(bench_sub)
     bench_map.add_parser(bench_sub)
+    bench_newtile.add_parser(bench_sub)
     return parser
 
 

@@ -17,6 +17,7 @@ from app.scoring.scene import score_scene
 from app.scoring.webmap import check_map_path
 from app.scoring.xbd import score_xbd
 from app.web.app import launch
+from cli.adapt import finetune_model
 from cli.options import (
     LOCALIZER_CHOICE,
     add_engine_arguments,
@@ -282,8 +283,19 @@ def _run_app(args: argparse.Namespace) -> int:
         work_dir=args.work,
         max_pixels=args.max_pixels,
         share=args.share,
+        finetuner=finetuner(),
     )
     return 0
+
+
+def finetuner():
+    """What the app's "Fine-tune the network" runs: :func:`cli.adapt.finetune_model` when
+    PyTorch is installed, else None (the app then says how to install it)."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "segmentation_models_pytorch")):
+        return None
+    return finetune_model
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -156,9 +156,11 @@ def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_pat
 
 
 def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, store, tmp_path):
-    """The default rule: p(c) of a class without a label is the base model's times
-    ``1 / (1 + e_c)``, ``e_c`` the base model's expected count of c among the labelled buildings;
-    the labelled classes share the rest, and the model file says so."""
+    """The default rule: p(c) of a class without a label that the base model called on a
+    labelled building is the base model's times ``1 / (1 + e_c)``, ``e_c`` the base model's
+    expected count of c among the labelled buildings (a class called less keeps its
+    probability); the labelled classes share the rest, and the model file says so."""
+    from app.adapt.fit import UNLABELLED_MIN_EVIDENCE
     from app.adapt.labelled import Buildings
     from app.adapt.model import adapt_model, format_adaptation
     from runtime.predictor import Predictor
@@ -171,8 +173,11 @@ def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, stor
     result = adapt_model(Predictor(base), partial, out)
     old = Predictor(base).predict(store.pre, store.post).probabilities
     expected = old[keep][:, [1, 2]].sum(axis=0)
-    rho = 1.0 / (1.0 + expected)
-    assert (rho < 1).all()
+    called = np.bincount(old[keep].argmax(1), minlength=4)[[1, 2]]
+    # evidence against a class: the base model called a labelled building so (wrongly)
+    rho = np.where(called >= UNLABELLED_MIN_EVIDENCE, 1.0 / (1.0 + expected), 1.0)
+    assert (rho < 1).any()
+    assert result.block["method"].endswith("+discount")
     got = result.block["unlabelled_discount"]
     np.testing.assert_allclose([got["minor-damage"], got["major-damage"]], rho, rtol=1e-4)
     new = Predictor(out).predict(store.pre, store.post).probabilities
@@ -240,13 +245,22 @@ def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
         adapt_head(raw[:1], np.ones((1, 3)), np.zeros(1, int), 4)
     with pytest.raises(AdaptError, match="unknown rule 'drop'.*discount, keep"):
         adapt_head(raw, np.ones((5, 3)), np.arange(5) % 2, 4, unlabelled="drop")
+    # the base model already calls all 5 no-damage: no evidence against any class, base kept
     one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4)
-    assert one.head.method == "base" and one.cv["candidates"] == {}
-    # each of the 4 classes expected 5 * 0.25 times among the 5 no-damage labels
-    np.testing.assert_allclose(one.head.discount, [1.0, 1 / 2.25, 1 / 2.25, 1 / 2.25])
+    assert one.head.method == "base" and set(one.cv["candidates"]) == {"base"}
+    np.testing.assert_allclose(one.head.discount, 1.0)
+    # it calls all 5 minor damage, and each is no-damage: minor damage discounted, by the
+    # cross-validation's choice (leave-one-out: 4 wrong calls in every fold)
+    raw[:, 1] = 2.0
+    one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4)
+    assert one.head.method == "base+discount", one.cv["candidates"]
+    assert set(one.cv["candidates"]) == {"base", "base+discount"}
+    p1 = np.exp(2.0) / (np.exp(2.0) + 3)
+    np.testing.assert_allclose(one.head.discount, [1.0, 1 / (1 + 5 * p1), 1.0, 1.0])
     p = np.exp(one.head.log_probabilities(raw, np.ones((5, 3))))
-    np.testing.assert_allclose(p[:, 1:], 0.25 / 2.25)
+    np.testing.assert_allclose(p[:, 1], p1 / (1 + 5 * p1))
     np.testing.assert_allclose(p.sum(1), 1.0)
+    assert (p.argmax(1) == 0).all()
 
 
 def test_a_thousand_labels_use_stratified_k_fold():
@@ -302,9 +316,9 @@ def test_labels_that_add_nothing_keep_the_base_model(n, seed):
 @pytest.mark.parametrize("unlabelled", ["discount", "keep"])
 def test_labels_that_add_nothing_and_miss_a_class_keep_the_base_model(unlabelled):
     """The same with a class (2) the base model almost never says, so no label has it: ``base``
-    is chosen, and its probabilities are the base model's, class 2 discounted by the documented
-    rule (``A / (A + e_2)``, ``e_2`` its expected count among the labels) or kept exactly."""
-    from app.adapt.fit import UNLABELLED_PSEUDO_COUNT, adapt_head
+    is chosen, and its probabilities are the base model's, class 2 kept exactly under either rule
+    (the base model hardly ever calls it, so the labels are no evidence against it)."""
+    from app.adapt.fit import UNLABELLED_MIN_EVIDENCE, adapt_head
     from runtime.head import log_softmax, unit
 
     rng = np.random.default_rng(7)
@@ -316,10 +330,11 @@ def test_labels_that_add_nothing_and_miss_a_class_keep_the_base_model(unlabelled
     ad = adapt_head(raw, z, y, 4, base_temperature=1.5, unlabelled=unlabelled)
     assert ad.head.method == "base", ad.cv["candidates"]
     assert ad.head.classes == [0, 1, 3]
-    e2 = np.exp(log_softmax(raw / 1.5))[:, 2].sum()
-    rho = (
-        UNLABELLED_PSEUDO_COUNT / (UNLABELLED_PSEUDO_COUNT + e2) if unlabelled == "discount" else 1
-    )
+    base_p = np.exp(log_softmax(raw / 1.5))
+    # the base model calls 2 on fewer than 4 of the labels: no evidence against it, kept
+    assert (base_p.argmax(1) == 2).sum() < UNLABELLED_MIN_EVIDENCE
+    assert base_p[:, 2].sum() > 0.5  # the old rule would have discounted it
+    rho = 1.0
     # new buildings, some of which the base model calls 2
     region = rng.normal(0.0, 2.0, (200, 4))
     region[:100, 2] += 6.0
@@ -328,8 +343,7 @@ def test_labels_that_add_nothing_and_miss_a_class_keep_the_base_model(unlabelled
     np.testing.assert_allclose(p[:, 2], rho * p_base[:, 2], rtol=1e-9, atol=1e-12)
     rest = (1 - rho * p_base[:, 2]) / (1 - p_base[:, 2])
     np.testing.assert_allclose(p[:, [0, 1, 3]], p_base[:, [0, 1, 3]] * rest[:, None], atol=1e-9)
-    if unlabelled == "keep":
-        np.testing.assert_allclose(p, p_base, atol=1e-9)
+    np.testing.assert_allclose(p, p_base, atol=1e-9)
 
 
 def test_labels_from_the_model_itself_keep_it(base, store, tmp_path):

@@ -20,7 +20,7 @@ from tests.conftest import TINY_TRAIN, run_cli
 EVENTS = ("synthetic-flood", "synthetic-wildfire")
 KS = (0, 4, 8)
 REPEATS = 2
-ARMS = ("adapt-random", "adapt-suggested", "finetune")
+ARMS = ("adapt-random", "adapt-suggested", "finetune", "semi")
 
 
 def tiny(*extra: str) -> list[str]:
@@ -121,11 +121,14 @@ def test_report_writes_every_measurement_the_tables_and_the_plot(report, chips):
                 counts = np.bincount([labels[c] for c in r["labelled"]], minlength=4)
                 assert r["labels_per_class"] == dict(zip(CLASS_NAMES, counts.tolist(), strict=True))
                 assert 0 <= r["accuracy"] <= 1 and 0 <= r["macro_f1"] <= 1
-                if r["arm"] in ("adapt-random", "finetune"):  # the first k of the pool's order
+                if r["arm"] in ("adapt-random", "finetune", "semi"):  # the pool's order
                     assert r["labelled"] == pool[: r["k"]]
-            assert [r["model"] for r in sel if r["arm"] == "finetune" and r["k"]] == [
-                "finetuned"
-            ] * (len(KS) - 1)
+                if r["arm"] in ("finetune", "semi") and r["k"]:
+                    # the network fine-tuned (adapt --finetune / --semi), or the base kept
+                    assert r["model"] in (r["arm"], "base"), r
+                    if r["model"] == "base":
+                        assert (r["accuracy"], r["macro_f1"]) in base
+        assert (report / event / "base.safetensors").is_file()  # what fine-tuning starts from
 
     # the tables are the mean +- sd of these rows
     md = (report / "fewshot.md").read_text()
@@ -148,6 +151,19 @@ def test_report_writes_every_measurement_the_tables_and_the_plot(report, chips):
         means = [summary["events"][e][arm]["4"]["accuracy"]["mean"] for e in EVENTS]
         assert summary["mean"][arm]["4"]["accuracy"]["mean"] == pytest.approx(np.mean(means))
     assert "## Macro-F1" in md and "## Accuracy" in md and "**mean over events**" in md
+    # the share of draws worse than the base model of the same repeat, per arm and k
+    for arm in ARMS:
+        for k in KS[1:]:
+            base_of = {(r["event"], r["repeat"]): r["macro_f1"] for r in rows if r["k"] == 0}
+            d = [
+                r["macro_f1"] - base_of[(r["event"], r["repeat"])]
+                for r in rows
+                if r["arm"] == arm and r["k"] == k
+            ]
+            cell = summary["worse"][arm][str(k)]
+            assert cell["n"] == len(d) == len(EVENTS) * REPEATS
+            assert cell["share"] == pytest.approx(np.mean(np.asarray(d) < -0.01))
+    assert "made it worse" in md
     gain = next(g for g in results["goals"] if g["arm"] == "adapt-random")
     assert gain["passed"] is None  # k = 20 was not measured
     order = results["goals"][-1]
@@ -194,7 +210,7 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     assert rows["adapt-suggested", KS[1]]["labelled"] == [split["pool"][i] for i in first]
     checked = 0
     for r in rows.values():
-        if r["k"] == 0 or r["arm"] == "finetune":
+        if r["k"] == 0 or r["arm"] in ("finetune", "semi"):
             continue
         if r.get("note", "").startswith("adapt refused"):
             continue
@@ -299,7 +315,6 @@ def _manifest_with_events(chips: Path, tmp_path: Path, events) -> Path:
         ("no manifest", "manifest.csv: no manifest"),
         ("too small", "no event can be measured"),
         ("negative k", "--k must list numbers of labels >= 0"),
-        ("bad finetune set", "--finetune-set"),
         ("missing config", "config file not found"),
     ],
 )
@@ -318,8 +333,6 @@ def test_bad_input_is_a_clear_error(case, message, chips, tmp_path, capsys):
         extra = ["--k", "0,50"]
     elif case == "negative k":
         extra = ["--k", "0,-5"]
-    elif case == "bad finetune set":
-        extra = ["--finetune-set", "train.no_such_key=1"]
     elif case == "missing config":
         extra = ["--config", tmp_path / "nope.yaml"]
     out = tmp_path / "out"

@@ -102,8 +102,14 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     def nll(p):
         return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, 1)).mean())
 
-    assert block["method"] != "base", block["cv"]
-    assert nll(new) < nll(old)
+    # never worse: a head replaces the base model only when it beats it clearly on the
+    # cross-validation of these few corrections; otherwise the base model is written as it was
+    if block["method"] == "base":
+        np.testing.assert_allclose(new, old, atol=1e-5)
+        assert not any(c["clear"] for c in block["cv"]["candidates"].values())
+    else:
+        assert block["cv"]["candidates"][block["method"]]["clear"]
+        assert nll(new) < nll(old)
     assert np.mean(new.argmax(1) == y) >= np.mean(old.argmax(1) == y)
 
     # the tile graded again with the adapted model: the new assessment records it
@@ -179,12 +185,16 @@ def test_adapt_refuses_with_clear_messages_and_writes_nothing(predictor, score_m
 
         set_event(result.session, "  ")
     assert not (work / "models").exists()
-    # two corrections of one grade: no head to fit, the other grades discounted
+    # two corrections of one grade: no head to fit; the base model, or its discount of the
+    # other grades when the base model called one of the two so, judged on the two labels
     save_correction(result.session, rows[1], "destroyed")
     done = adapt_to_event(predictor, work, result.session)
-    assert done.block["method"] == "base" and done.block["cv"]["candidates"] == {}
+    assert done.block["method"] in ("base", "base+discount")
+    assert set(done.block["cv"]["candidates"]) <= {"base", "base+discount"}
     assert set(done.block["unlabelled_classes"]) == {"no-damage", "minor-damage", "major-damage"}
-    assert "discounted" in done.status() and done.model.is_file()
+    if done.block["method"] == "base+discount":
+        assert "discounted" in done.status()
+    assert done.model.is_file()
 
 
 def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_path):

@@ -2,9 +2,9 @@
 
 The network is not retrained: its embedding ``z`` and raw logits are computed once for the
 labelled buildings, and a small head on top of them is fitted in well under a second. Several
-heads are tried and the one with the lowest cross-validated negative log-likelihood of the given
-labels is kept (:func:`adapt_head`; on held-out tiles this picked better heads than the highest
-cross-validated macro-F1 did, see docs/adapt.md):
+heads are tried, each with the classes without a label kept and discounted, and the base model
+is kept unless a candidate beats it clearly on the cross-validation of the given labels
+(:func:`adapt_head`, :func:`choose`, :data:`SELECTION`; docs/adapt.md):
 
 - ``base``: the base model unchanged (the reference every other head must beat).
 - ``prototype``: cosine similarity of ``z`` to per-class prototypes, each the normalised sum of
@@ -15,8 +15,9 @@ cross-validated macro-F1 did, see docs/adapt.md):
   model's judgement is a feature the regression can keep or overrule.
 
 Every head is linear in ``[z, log p_base(c | labelled classes)]`` and scores only the classes
-that have labels (``L``). A class without a label keeps the base model's probability, discounted
-by what the labels say against it (:data:`UNLABELLED_RULES`; ``discount`` by default):
+that have labels (``L``). A class without a label keeps the base model's probability unless the
+base model called labelled buildings that class (:data:`UNLABELLED_MIN_EVIDENCE`); then a
+candidate discounts it (:data:`UNLABELLED_RULES`; ``discount`` by default):
 ``p(c) = rho_c * p_base(c)`` for ``c`` not in ``L``, with ``rho_c = A / (A + e_c)``, where
 ``e_c = sum_i p_base(c | x_i)`` is how many of the labelled buildings the base model expected in
 class ``c`` (none was) and ``A`` = :data:`UNLABELLED_PSEUDO_COUNT` labels of prior weight. A class
@@ -48,6 +49,7 @@ import numpy as np
 
 from data_prep.errors import LocalDamageError
 from runtime.head import Head, log_softmax, unit
+from runtime.selection import RULE, clearly_better
 
 #: The heads tried, simplest first (ties go to the earlier one).
 METHODS = ("base", "prototype", "logistic", "logistic+prior")
@@ -64,11 +66,15 @@ LOGISTIC_C = 1.0
 LEAVE_ONE_OUT_MAX = 40
 #: Folds of the stratified k-fold cross-validation.
 CV_FOLDS = 5
+#: A class without a label is a candidate for the discount only when the base model called
+#: (argmax) at least this many of the labelled buildings that class, each of them wrongly (none
+#: has it): a class the base model never called on the labels keeps its probability, whatever
+#: the base model expected of it, because the labels say nothing against its calls.
+UNLABELLED_MIN_EVIDENCE = 1
 #: The selection criterion recorded in the metadata.
-SELECTION = (
-    "lowest cross-validated negative log-likelihood (nats) of the given labels; ties to the "
-    "simpler head"
-)
+SELECTION = RULE
+#: Suffix of a candidate whose classes without a label are discounted.
+DISCOUNTED = "+discount"
 
 
 class AdaptError(LocalDamageError, ValueError):
@@ -153,10 +159,14 @@ def unlabelled_discount(
     pseudo_count: float = UNLABELLED_PSEUDO_COUNT,
 ) -> np.ndarray:
     """``rho`` ``[K]`` of the ``discount`` rule for the labelled buildings' raw logits: for a class
-    without a label, ``A / (A + e_c)`` with ``e_c`` the base model's expected count of that class
-    among them; 1 for the labelled ``classes``."""
+    without a label that the base model called (argmax) on at least
+    :data:`UNLABELLED_MIN_EVIDENCE` of them, ``A / (A + e_c)`` with ``e_c`` the base model's
+    expected count of that class among them; 1 for the labelled ``classes`` and for a class the
+    labels give no evidence against."""
     p = np.exp(log_softmax(np.asarray(raw_logits, np.float64) / base_temperature))
     rho = pseudo_count / (pseudo_count + p.sum(axis=0))
+    called = np.bincount(p.argmax(axis=1), minlength=k) if len(p) else np.zeros(k, int)
+    rho[called < UNLABELLED_MIN_EVIDENCE] = 1.0
     rho[list(classes)] = 1.0
     return rho
 
@@ -335,27 +345,33 @@ def adapt_head(
             "and with --unlabelled keep labelled buildings of at least two classes, to learn "
             "anything the base model does not already say"
         )
-    if len(present) == 1:  # nothing to choose between: the base model, the others discounted
-        head = fit_head("base", lo, z, y, k, base_temperature, unlabelled=unlabelled)
-        train = {
-            "chosen": _metrics(head.log_probabilities(lo, z), y),
-            "base": _metrics(log_softmax(lo / base_temperature), y),
-        }
-        scheme = "none (labels of one class: only the other classes' discount is fitted)"
-        return Adaptation(
-            head, {"scheme": scheme, "candidates": {}}, train, time.perf_counter() - start
-        )
+    # The candidates: every head of ``methods`` with classes without a label kept exactly, and,
+    # under ``discount``, the same heads with them discounted where the labels give evidence.
+    # Each is judged by the same cross-validation; the base model unchanged is the reference.
+    rules = ["keep"]
+    if (
+        unlabelled == "discount"
+        and (unlabelled_discount(lo, present, k, base_temperature) < 1.0).any()
+    ):
+        rules.append("discount")
+    if len(present) == 1:  # one class: nothing for a head to learn, only the discount to judge
+        methods = ("base",)
+    names = [m + ("" if r == "keep" else DISCOUNTED) for r in rules for m in methods]
+    names = sorted(dict.fromkeys(["base", *names]), key=lambda n: _order(n, methods))
     scheme, folds = _splits(y, seed)
     candidates: dict[str, dict[str, float]] = {}
+    losses: dict[str, np.ndarray] = {}
     fitted: dict[str, Head] = {}
     # Hundreds of tiny fits: BLAS threads cost far more than they give on them (on 2 busy cores,
     # 40 labels took 10-30 times as long with them), so the fits run on one thread.
     with threadpool_limits(limits=1):
-        for method in methods:
-            # on every label: the head kept if this method wins, and where each fold starts
-            fitted[method] = fit_head(
-                method, lo, z, y, k, base_temperature, base_prototypes, unlabelled=unlabelled
+        for name in names:
+            method, rule = _parse(name)
+            # on every label: the head kept if this candidate wins, and where each fold starts
+            fitted[name] = fit_head(
+                method, lo, z, y, k, base_temperature, base_prototypes, unlabelled=rule
             )
+            fitted[name].method = name
             oof = np.zeros((len(y), k))
             for train, test in folds:
                 head = fit_head(
@@ -366,16 +382,63 @@ def adapt_head(
                     k,
                     base_temperature,
                     base_prototypes,
-                    unlabelled=unlabelled,
-                    start=fitted[method],
+                    unlabelled=rule,
+                    start=fitted[name],
                 )
                 oof[test] = head.log_probabilities(lo[test], z[test])
-            candidates[method] = _metrics(oof, y)
-    best = min(methods, key=lambda m: (candidates[m]["nll"], methods.index(m)))
+            candidates[name] = _metrics(oof, y)
+            losses[name] = -np.clip(oof[np.arange(len(y)), y], -50.0, 0.0)
+    best = choose(candidates, losses, names)
     head = fitted[best]
     seconds = time.perf_counter() - start
     train = {
         "chosen": _metrics(head.log_probabilities(lo, z), y),
         "base": _metrics(log_softmax(lo / base_temperature), y),
     }
-    return Adaptation(head, {"scheme": scheme, "candidates": candidates}, train, seconds)
+    return Adaptation(
+        head, {"scheme": scheme, "candidates": candidates}, train, seconds, {"fitted": fitted}
+    )
+
+
+def _parse(name: str) -> tuple[str, str]:
+    """``(head method, unlabelled rule)`` of a candidate name such as ``logistic+discount``."""
+    if name.endswith(DISCOUNTED):
+        return name[: -len(DISCOUNTED)], "discount"
+    return name, "keep"
+
+
+def _order(name: str, methods: Sequence[str]) -> tuple[int, int]:
+    """Simplest first: the base model, then each head kept before discounted, in METHODS order."""
+    method, rule = _parse(name)
+    return (METHODS.index(method), rule == "discount")
+
+
+def choose(
+    candidates: Mapping[str, Mapping[str, float]],
+    losses: Mapping[str, np.ndarray],
+    names: Sequence[str],
+) -> str:
+    """The candidate kept: ``base`` unless another beats it clearly on the cross-validation
+    (:data:`runtime.selection.RULE`); each candidate's figures get ``gain`` (nats per label over the base
+    model), ``gain_se`` and ``clear`` (whether it beat the base model clearly).
+
+    Args:
+        candidates: name -> out-of-fold ``nll``, ``accuracy``, ``macro_f1`` (updated in place).
+        losses: name -> ``[N]`` out-of-fold NLL of each label.
+        names: the candidates, simplest first (ties go to the earlier one).
+    """
+    clear = []
+    for name in names:
+        ok, gain, se = clearly_better(
+            losses["base"],
+            losses[name],
+            candidates["base"]["macro_f1"],
+            candidates[name]["macro_f1"],
+        )
+        ok = ok and name != "base"
+        candidates[name].update(gain=round(gain, 6), gain_se=round(se, 6), clear=ok)  # type: ignore[union-attr]
+        if ok:
+            clear.append(name)
+    if not clear:
+        return "base"
+    return min(clear, key=lambda n: (candidates[n]["nll"], names.index(n)))

@@ -26,7 +26,7 @@ from app.adapt.fit import (
 )
 from data_prep.store import atomic_path
 from runtime.contract import set_metadata
-from runtime.head import METADATA_KEY
+from runtime.head import METADATA_KEY, Head
 
 # --------------------------------------------------------------------------------------------
 # the model file
@@ -273,3 +273,63 @@ def adapt_model(
     )
     write_adapted(predictor.path, out, block)
     return AdaptResult(Path(out), block, embed_seconds, adaptation.seconds)
+
+
+# --------------------------------------------------------------------------------------------
+# a fine-tuned network (``adapt --finetune`` / ``--semi``; the training is local_damage's)
+
+
+def identity_head(method: str, k: int, d: int, base_temperature: float = 1.0) -> Head:
+    """A head that returns the graph's own probabilities at temperature ``base_temperature``:
+    what a fine-tuned model carries (``T = 1``; a base model kept, its own ``T0``), so that every
+    reader of the ``adaptation`` block finds one."""
+    weights = np.zeros((k, d + k))
+    weights[:, d:] = np.eye(k)
+    return Head(method, list(range(k)), weights, np.zeros(k), float(base_temperature), k)
+
+
+def network_block(
+    method: str,
+    class_names: Sequence[str],
+    embed_dim: int,
+    base_path: str | os.PathLike,
+    base_metadata: Mapping[str, Any],
+    labels: Mapping[str, Any],
+    cv: Mapping[str, Any],
+    seconds: float,
+    details: Mapping[str, Any],
+    base_temperature: float = 1.0,
+) -> dict[str, Any]:
+    """The ``adaptation`` metadata prop of a fine-tuned model (``method`` ``finetune`` or
+    ``semi``): the same block as an adapted head's, with an identity head (the network itself
+    was changed), ``cv`` the cross-validated curve over epochs and ``finetune`` the details.
+    ``base_temperature``: ``T0`` of the identity head when the base network was kept."""
+    head = identity_head(method, len(class_names), embed_dim, base_temperature)
+    previous = base_metadata.get(METADATA_KEY)
+    if isinstance(previous, Mapping) and isinstance(previous.get("base_model"), Mapping):
+        base_model = dict(previous["base_model"])
+        base_model["adapted_from"] = {"file": Path(base_path).name, "sha256": sha256(base_path)}
+    else:
+        base_model = {
+            "file": Path(base_path).name,
+            "sha256": sha256(base_path),
+            "calibration": base_of(base_metadata)[1],
+        }
+    return {
+        "method": method,
+        "selection": (
+            "epochs of fine-tuning with the lowest cross-validated NLL of the given labels, kept "
+            f"only if they beat the base network clearly: {SELECTION}"
+        ),
+        "labelled_classes": list(class_names),
+        "unlabelled_classes": [],
+        "unlabelled_rule": "the network was fine-tuned; every class is scored by it",
+        "unlabelled_discount": {},
+        "head": head.to_dict(),
+        "cv": dict(cv),
+        "finetune": dict(details),
+        "fit_seconds": round(float(seconds), 3),
+        "labels": dict(labels),
+        "base_model": base_model,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

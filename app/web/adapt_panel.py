@@ -17,13 +17,13 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.adapt.fit import AdaptError
 from app.adapt.labelled import LabelError, concat, from_corrections, from_session
 from app.adapt.model import adapt_model, unlabelled_text
 from app.adapt.suggest import suggest
@@ -35,6 +35,7 @@ from app.web.sessions import (
     session_event,
     set_event,
 )
+from data_prep.errors import LocalDamageError
 from data_prep.store import safe_name
 
 if TYPE_CHECKING:
@@ -151,11 +152,18 @@ class EventAdaptation:
         cv = block["cv"]
         chosen = cv["candidates"].get(block["method"]) or {}
         base = cv["candidates"].get("base") or {}
+        tuned = block.get("finetune")
         lines = [
             f"**Adapted** to {labels['n']} corrected buildings of event **{self.labels.event}** "
             f"({n_sessions} assessment{'s' if n_sessions != 1 else ''}): {per_class}.",
             "",
-            f"- head: **{block['method']}** (lowest cross-validated log-loss, {cv['scheme']})"
+            (
+                f"- network fine-tuned: **{tuned['epochs']} epoch(s)** of the last block and the "
+                f"classifier, chosen by cross-validation ({cv['scheme']})"
+                if tuned
+                else f"- head: **{block['method']}** (the base model unless a candidate beats "
+                f"it clearly, {cv['scheme']})"
+            )
             + (
                 "; no head beat the base model on these labels, so the new model grades as the "
                 "base model does"
@@ -189,12 +197,21 @@ class EventAdaptation:
         return "\n".join(lines)
 
 
+#: What the app says when fine-tuning is asked for and PyTorch is not installed.
+FINETUNE_INSTALL = (
+    "fine-tuning the network needs PyTorch, which this installation lacks: pip install "
+    "'torch>=2.4' 'torchvision>=0.19' 'segmentation-models-pytorch>=0.3.4' safetensors, then "
+    "restart `local-damage app` (Adapt without it fits the head in seconds)"
+)
+
+
 def adapt_to_event(
     predictor: Predictor,
     work: str | os.PathLike,
     session: str | os.PathLike,
     event: str | None = None,
     models_dir: str | os.PathLike | None = None,
+    finetuner: Callable | None = None,
 ) -> EventAdaptation:
     """Adapt ``predictor``'s model to every correction of the event of ``session``.
 
@@ -204,6 +221,11 @@ def adapt_to_event(
         session: the current assessment; its event is set to ``event`` when given.
         event: the event name (default: the one recorded for ``session``).
         models_dir: where to write the model (default ``work/models``).
+        finetuner: fine-tune the network instead of adapting the head:
+            ``finetuner(predictor, buildings, out)`` returning an
+            :class:`app.adapt.model.AdaptResult` (``local-damage app`` passes
+            ``cli.adapt.finetune_model`` when PyTorch is installed; the app itself never imports
+            torch).
 
     Returns:
         The :class:`EventAdaptation`; the model is ``models_dir/<event>-adapted-<n>.onnx``.
@@ -225,8 +247,11 @@ def adapt_to_event(
     with _name_lock:  # two Adapt clicks at once must not pick the same name
         out = next_model_path(folder, event)
         try:
-            result = adapt_model(predictor, labels.buildings, out)
-        except AdaptError as exc:
+            if finetuner is not None:
+                result = finetuner(predictor, labels.buildings, out)
+            else:
+                result = adapt_model(predictor, labels.buildings, out)
+        except LocalDamageError as exc:
             raise AppError(f"event {event}: {exc}") from exc
     return EventAdaptation(out, labels, result, time.perf_counter() - start)
 

@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from app.web import events, layout
+from app.web.adapt_panel import FINETUNE_INSTALL
 from app.web.assess import (
     CONCURRENCY_LIMIT,
     DISPLAY_SIZE,
@@ -95,6 +96,7 @@ def build_app(
     model: str | None = None,
     work_dir: str | os.PathLike | None = None,
     max_pixels: int | None = None,
+    finetuner=None,
 ):
     """Build the Gradio Blocks app.
 
@@ -105,6 +107,9 @@ def build_app(
             models adapted in the app go (``work_dir/models``, offered in the picker too); default:
             a new temporary folder.
         max_pixels: pixel limit per uploaded image (default :func:`app_max_pixels`).
+        finetuner: what Adapt runs with "Fine-tune the network" ticked (``local-damage app``
+            passes ``cli.adapt.finetune_model`` when PyTorch is installed); None: the box is
+            greyed out and says how to install PyTorch.
 
     Returns:
         ``(blocks, allowed_paths)``: the ``gr.Blocks`` and the folders it serves files from.
@@ -114,7 +119,7 @@ def build_app(
     work = Path(work_dir or tempfile.mkdtemp(prefix="local-damage-app-"))
     work.mkdir(parents=True, exist_ok=True)
     choices = model_choices(models_dir, model, work)
-    ctx = AppContext(ModelCache(choices), work, models_dir, max_pixels)
+    ctx = AppContext(ModelCache(choices), work, models_dir, max_pixels, finetuner)
     examples = make_examples(work / "examples")
     import pyogrio  # noqa: F401  (imported now rather than during the first assessment)
 
@@ -123,7 +128,7 @@ def build_app(
         models = layout.model_row(choices, card)
         events.connect_models(demo, ctx, models)
         session = gr.State(None)
-        tile = layout.tile_tab(examples["tile"])
+        tile = layout.tile_tab(examples["tile"], None if finetuner else FINETUNE_INSTALL)
         chip = layout.chip_tab(examples["chip"])
         events.connect_tabs(ctx, models, session, tile, chip)
     demo.queue(default_concurrency_limit=CONCURRENCY_LIMIT, max_size=QUEUE_SIZE)
@@ -140,11 +145,12 @@ def launch(
     block: bool = True,
     max_pixels: int | None = None,
     share: bool = False,
+    finetuner=None,
 ):
     """Build and serve the app (upload limit, queue; a share link only with ``share``).
 
     Args:
-        models_dir, model, work_dir, max_pixels: see :func:`build_app`.
+        models_dir, model, work_dir, max_pixels, finetuner: see :func:`build_app`.
         host: interface to bind (127.0.0.1: this machine only).
         port: TCP port.
         auth: optional ``(username, password)``.
@@ -157,7 +163,7 @@ def launch(
         The ``gr.Blocks`` (when ``block`` is False).
     """
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    demo, allowed = build_app(models_dir, model, work_dir, max_pixels)
+    demo, allowed = build_app(models_dir, model, work_dir, max_pixels, finetuner)
     demo.launch(
         server_name=host,
         server_port=port,

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.web.adapt_panel import adapt_to_event, suggest_next
+from app.web.adapt_panel import FINETUNE_INSTALL, adapt_to_event, suggest_next
 from app.web.assess import (
     SUGGEST_COLUMNS,
     app_localizer,
@@ -51,6 +52,8 @@ class AppContext:
             ``work/models``).
         models_dir: the folder the picker's models come from.
         max_pixels: pixel limit per uploaded image (None: :func:`app.web.assess.app_max_pixels`).
+        finetuner: what "Fine-tune the network" runs (see
+            :func:`app.web.adapt_panel.adapt_to_event`); None when PyTorch is not installed.
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class AppContext:
         work: str | os.PathLike,
         models_dir: str | os.PathLike = "models",
         max_pixels: int | None = None,
+        finetuner: Callable | None = None,
     ) -> None:
         self.models = models
+        self.finetuner = finetuner
         self.work = Path(work)
         self.models_dir = models_dir
         self.max_pixels = max_pixels
@@ -204,15 +209,19 @@ def on_assessed(session):
     return session_event(session), pd.DataFrame(columns=SUGGEST_COLUMNS)
 
 
-def on_adapt(ctx: AppContext, model_path, session, event):
-    """Adapt the chosen model to the corrections of the tile's event, offer and choose the
-    adapted model, and grade the tile again with it."""
+def on_adapt(ctx: AppContext, model_path, session, event, finetune=False):
+    """Adapt the chosen model to the corrections of the tile's event (its head, or with
+    ``finetune`` its network), offer and choose the adapted model, and grade the tile again with
+    it."""
     import gradio as gr
     import pandas as pd
 
     if not session:
         raise AppError("assess a tile and correct a few buildings first")
-    done = adapt_to_event(ctx.models.get(model_path), ctx.work, session, event)
+    if finetune and ctx.finetuner is None:
+        raise AppError(FINETUNE_INSTALL)
+    tuner = ctx.finetuner if finetune else None
+    done = adapt_to_event(ctx.models.get(model_path), ctx.work, session, event, finetuner=tuner)
     path = ctx.models.add(done.model)
     predictor = ctx.models.get(path)
     info = read_session(session)

@@ -106,7 +106,7 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
     )
     adapted = tile.adapt.click(
         bind(cb.on_adapt, ctx, errors=ADAPT_ERRORS),
-        [model, session, tile.event],
+        [model, session, tile.event, tile.finetune],
         [
             model,
             models.card,

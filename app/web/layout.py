@@ -87,6 +87,7 @@ class TileTab:
     suggest: Any
     adapt_msg: Any
     suggestions: Any
+    finetune: Any
 
 
 @dataclass
@@ -118,8 +119,9 @@ def model_row(choices: list[str], card: str) -> ModelRow:
     return ModelRow(picker, card_out)
 
 
-def tile_tab(examples: list[list[str]]) -> TileTab:
-    """The "Tile" tab, with the synthetic example tiles ``[[pre, post, footprints], ...]``."""
+def tile_tab(examples: list[list[str]], finetune_note: str | None = None) -> TileTab:
+    """The "Tile" tab, with the synthetic example tiles ``[[pre, post, footprints], ...]``;
+    ``finetune_note``: why "Fine-tune the network" cannot be offered (None: it can)."""
     import gradio as gr
 
     class_names = list(CLASS_NAMES)
@@ -204,6 +206,15 @@ def tile_tab(examples: list[list[str]]) -> TileTab:
                 scale=2,
             )
             adapt_btn = gr.Button("Adapt", elem_id="adapt", scale=1)
+            finetune_in = gr.Checkbox(
+                label="Fine-tune the network (PyTorch; about a minute)",
+                info=finetune_note
+                or "Adapt fine-tunes the last block and the classifier instead of the head",
+                value=False,
+                interactive=finetune_note is None,
+                elem_id="finetune",
+                scale=1,
+            )
             suggest_btn = gr.Button("Suggest next", elem_id="suggest", scale=1)
         adapt_msg = gr.Markdown(elem_id="adapt-status")
         suggest_out = gr.Dataframe(
@@ -238,6 +249,7 @@ def tile_tab(examples: list[list[str]]) -> TileTab:
         suggest_btn,
         adapt_msg,
         suggest_out,
+        finetune_in,
     )
 
 

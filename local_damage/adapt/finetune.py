@@ -1,0 +1,332 @@
+"""Fine-tuning the last encoder blocks and the classifier of a model on an analyst's labels, with
+the number of epochs chosen by cross-validation on those labels (``adapt --finetune``), and
+optionally FixMatch on the event's unlabelled buildings (``adapt --semi``, :mod:`local_damage.adapt.semi`).
+
+Torch is imported inside the functions, so that importing this module costs nothing and a
+machine without PyTorch gets :class:`FinetuneError` naming what to install.
+
+How (one pass of the frozen part, then cheap epochs):
+
+1. The network is the base model's (weights: the fp16 ``.safetensors`` shipped beside it, with
+   its config in the file's metadata). Everything but the last ``blocks`` residual blocks of the
+   encoder (1: the last block of ResNet's fourth stage) and the classifier is frozen, BatchNorm statistics included (eval mode throughout: batches of a few
+   labels would ruin them).
+2. The frozen stages run once per labelled pair in each of its 8 turns and mirrors (the same one
+   for pre and post); training reads those cached features, so an epoch is a pass of the last
+   stage and the classifier only.
+3. Weighted cross-entropy (inverse class frequency among the labels), AdamW. Cross-validation
+   (:data:`FOLDS` folds) trains on each fold's labels for up to ``max_epochs`` epochs and records
+   the held-out NLL and macro-F1 after every epoch; epoch 0 is the base network. The number of
+   epochs kept is the one with the lowest mean held-out NLL, and it replaces epoch 0 only when it
+   beats it clearly (:mod:`runtime.selection`); then the network is trained on every label for
+   that many epochs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from local_damage.adapt.network import (
+    FinetuneError,
+    load_network,
+    logits_of,
+    prepare_chips,
+    require_torch,
+    split_network,
+    trunk_features,
+)
+from local_damage.adapt.semi import Unlabelled
+from runtime.selection import clearly_better
+
+log = logging.getLogger(__name__)
+
+#: Folds of the cross-validation that chooses the number of epochs.
+FOLDS = 3
+#: Fewest optimiser steps in an epoch (with a few labels, a pass over them is one or two steps).
+MIN_STEPS = 4
+
+
+@dataclass
+class FinetuneOptions:
+    """How the network is fine-tuned (defaults: what ``adapt --finetune`` uses)."""
+
+    blocks: int = 1
+    max_epochs: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 32
+    seed: int = 0
+    #: torch threads while fine-tuning (None: torch's default). One: on a shared 2-core
+    #: machine, two threads doubled the CPU time of a fine-tuning (spinning threads) and made
+    #: it slower, not faster.
+    threads: int | None = 1
+    #: FixMatch on unlabelled buildings (:mod:`local_damage.adapt.semi`): confidence threshold,
+    #: weight of the pseudo-label loss, unlabelled pairs per labelled pair in a step.
+    confidence: float = 0.95
+    unlabelled_weight: float = 1.0
+    unlabelled_ratio: int = 2
+
+
+@dataclass
+class FinetuneResult:
+    """The fine-tuned network and how it was chosen.
+
+    Attributes:
+        net: the LocalNet (eval mode, CPU); the base network when ``epochs`` is 0.
+        config: the model's training config (a dict, as in the weights file).
+        epochs: epochs kept (0: the base network was not beaten clearly).
+        curve: per epoch 0..max, the cross-validated ``nll``, ``accuracy`` and ``macro_f1``
+            (macro-F1: the mean over the folds).
+        scheme: the cross-validation, in words.
+        seconds: wall time of the cross-validation and the final training.
+        semi: FixMatch figures (share of unlabelled pairs above the confidence), when used.
+    """
+
+    net: Any
+    config: dict[str, Any]
+    epochs: int
+    curve: list[dict[str, float]]
+    seconds: float
+    scheme: str = ""
+    clear: dict[str, Any] = field(default_factory=dict)
+    semi: dict[str, Any] = field(default_factory=dict)
+
+
+def weights_beside(model: str | Path) -> Path:
+    """The fine-tuning weights shipped beside a model file: ``NAME.safetensors`` for
+    ``NAME.onnx`` (``export --weights`` writes them; the bundled model has them)."""
+    return Path(model).with_suffix(".safetensors")
+
+
+def _metrics(logits, y: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+    """Per-label NLL ``[N]``, macro-F1 over the classes present in ``y``, and per-label
+    correctness ``[N]``."""
+    import torch
+    from sklearn.metrics import f1_score
+
+    lp = torch.log_softmax(logits.double(), dim=1).numpy()
+    nll = -np.clip(lp[np.arange(len(y)), y], -50.0, 0.0)
+    present = sorted({int(v) for v in y})
+    pred = lp.argmax(1)
+    return nll, float(f1_score(y, pred, labels=present, average="macro")), pred == y
+
+
+def _class_weights(y: np.ndarray, k: int):
+    import torch
+
+    counts = np.bincount(y, minlength=k).astype(np.float64)
+    w = np.where(counts > 0, counts.sum() / np.maximum(counts, 1) / max((counts > 0).sum(), 1), 0)
+    return torch.as_tensor(w, dtype=torch.float32)
+
+
+def train_top(
+    net,
+    top,
+    params,
+    feats,
+    y: np.ndarray,
+    epochs: int,
+    options: FinetuneOptions,
+    seed: int,
+    on_epoch=None,
+    unlabelled=None,
+) -> dict[str, Any]:
+    """Train ``top`` and the classifier for ``epochs`` epochs on cached features ``feats``
+    (``[8, 2, N, C, h, w]``) of labels ``y``; ``on_epoch(e)`` is called after each epoch (e from
+    1). With ``unlabelled`` (a :class:`local_damage.adapt.semi.Unlabelled`), each step adds
+    FixMatch's pseudo-label loss. Returns the FixMatch figures (empty without it)."""
+    import torch
+
+    k = net.cfg.num_classes
+    gen = torch.Generator().manual_seed(int(seed))
+    opt = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
+    loss_fn = torch.nn.CrossEntropyLoss(weight=_class_weights(y, k))
+    yt = torch.as_tensor(y, dtype=torch.long)
+    n = len(y)
+    stats: dict[str, Any] = {"masked": [], "steps": 0}
+    # an epoch is at least MIN_STEPS steps: with a few labels, one pass is one or two steps
+    bs = min(options.batch_size, n)
+    steps = max(MIN_STEPS, -(-n // bs))
+    for epoch in range(1, epochs + 1):
+        order = torch.cat([torch.randperm(n, generator=gen) for _ in range(-(-steps * bs // n))])
+        for step in range(steps):
+            idx = order[step * bs : (step + 1) * bs]
+            turn = torch.randint(0, feats.shape[0], (len(idx),), generator=gen)
+            f_pre, f_post = feats[turn, 0, idx], feats[turn, 1, idx]
+            loss = loss_fn(logits_of(net, top, f_pre, f_post), yt[idx])
+            if unlabelled is not None:
+                extra, share = unlabelled.loss(
+                    net, top, bs * options.unlabelled_ratio, gen, options.confidence
+                )
+                loss = loss + options.unlabelled_weight * extra
+                stats["masked"].append(share)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            stats["steps"] += 1
+        if on_epoch is not None:
+            on_epoch(epoch)
+    if not stats["masked"]:
+        return {}
+    return {"steps": stats["steps"], "confident_share": float(np.mean(stats["masked"]))}
+
+
+def _folds(y: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    import warnings
+
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    n_folds = min(FOLDS, len(y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if np.bincount(y).max() >= n_folds and min(np.bincount(y)[np.bincount(y) > 0]) >= n_folds:
+            return list(StratifiedKFold(n_folds, shuffle=True, random_state=seed).split(y, y))
+        return list(KFold(n_folds, shuffle=True, random_state=seed).split(y))
+
+
+def finetune(
+    weights: str | Path,
+    pre: np.ndarray,
+    post: np.ndarray,
+    labels: np.ndarray,
+    options: FinetuneOptions | None = None,
+    unlabelled_pre: np.ndarray | None = None,
+    unlabelled_post: np.ndarray | None = None,
+) -> FinetuneResult:
+    """Fine-tune the network of ``weights`` on labelled chip pairs (module docstring).
+
+    Args:
+        weights: the base model's ``.safetensors`` (:func:`weights_beside`).
+        pre, post: uint8 ``[N, S, S, 3]`` labelled chips.
+        labels: ``[N]`` class ids.
+        options: :class:`FinetuneOptions`.
+        unlabelled_pre, unlabelled_post: uint8 chips of the event's unlabelled buildings: with
+            them, FixMatch (:mod:`local_damage.adapt.semi`) joins every step.
+
+    Raises:
+        FinetuneError: PyTorch missing, weights unusable, fewer than 4 labels.
+    """
+    require_torch()
+    import copy
+
+    import torch
+
+    options = options or FinetuneOptions()
+    y = np.asarray(labels, dtype=np.int64)
+    if len(y) < 4 or len(set(y.tolist())) < 2:
+        raise FinetuneError(
+            f"{len(y)} label(s) of {len(set(y.tolist()))} class(es): fine-tuning needs at least 4 "
+            "labels of at least 2 classes (the head adapts to fewer: adapt without --finetune)"
+        )
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    try:
+        torch.manual_seed(options.seed)
+        base, config = load_network(weights)
+        size = input_size(config, pre.shape[1])
+        net = copy.deepcopy(base)
+        trunk, top, _ = split_network(net, options.blocks)
+        x_pre, x_post = prepare_chips(pre, size), prepare_chips(post, size)
+        feats = trunk_features(trunk, x_pre, x_post)
+        extra = None
+        if unlabelled_pre is not None and len(unlabelled_pre):
+            extra = Unlabelled(trunk, unlabelled_pre, unlabelled_post, size)
+        # cross-validation: held-out NLL and macro-F1 after each epoch, epoch 0 the base network
+        n_ep = options.max_epochs
+        nll = np.zeros((n_ep + 1, len(y)))
+        f1 = np.zeros((n_ep + 1, FOLDS))
+        right = np.zeros((n_ep + 1, len(y)))
+        folds = _folds(y, options.seed)
+        for j, (tr, te) in enumerate(folds):
+            fold = copy.deepcopy(base)
+            _, ftop, fparams = split_network(fold, options.blocks)
+
+            def record(e, fold=fold, ftop=ftop, te=te, j=j):
+                with torch.no_grad():
+                    logits = logits_of(fold, ftop, feats[0, 0, te], feats[0, 1, te])
+                nll[e, te], f1[e, j], right[e, te] = _metrics(logits, y[te])
+
+            record(0)
+            train_top(
+                fold,
+                ftop,
+                fparams,
+                feats[:, :, tr],
+                y[tr],
+                n_ep,
+                options,
+                options.seed + j,
+                record,
+                extra,
+            )
+        curve = [
+            {
+                "epoch": e,
+                "nll": round(float(nll[e].mean()), 6),
+                "accuracy": round(float(right[e].mean()), 6),
+                "macro_f1": round(float(f1[e, : len(folds)].mean()), 6),
+            }
+            for e in range(n_ep + 1)
+        ]
+        best = min(range(n_ep + 1), key=lambda e: (curve[e]["nll"], e))
+        ok, g, se = clearly_better(nll[0], nll[best], curve[0]["macro_f1"], curve[best]["macro_f1"])
+        epochs = best if ok and best > 0 else 0
+        semi: dict[str, Any] = {}
+        if epochs:
+            _, top, params = split_network(net, options.blocks)
+            semi = train_top(net, top, params, feats, y, epochs, options, options.seed, None, extra)
+        else:
+            net = base
+        for p in net.parameters():
+            p.requires_grad_(False)
+        return FinetuneResult(
+            net.eval(),
+            config,
+            epochs,
+            curve,
+            time.perf_counter() - start,
+            f"{len(folds)}-fold (seed {options.seed})",
+            {"best_epoch": best, "gain": round(g, 6), "gain_se": round(se, 6), "clear": ok},
+            semi,
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def input_size(config: dict[str, Any], default: int) -> int:
+    """The network's input side from its training config."""
+    return int((config.get("data") or {}).get("input_size") or default)
+
+
+#: Metadata props of the base model a fine-tuned model does not inherit: its class prototypes
+#: and temperature describe the base network's outputs, not the fine-tuned one's.
+NOT_INHERITED = ("ood", "calibration", "adaptation", "outputs")
+
+
+def export_finetuned(
+    result: FinetuneResult,
+    out: str | Path,
+    base_metadata: dict[str, Any],
+    props: dict[str, Any],
+    change_map: bool,
+) -> Path:
+    """Write the fine-tuned network as a self-describing ONNX model (fp32, uint8 inputs), with
+    the base model's metadata but :data:`NOT_INHERITED`, and ``props`` (the ``adaptation`` and
+    ``calibration`` blocks) on top. Atomic."""
+    from local_damage.export.graph import export_onnx
+
+    if Path(out).suffix != ".onnx":
+        raise FinetuneError(f"{out}: the model file name must end in .onnx")
+    metadata = {k: v for k, v in base_metadata.items() if k not in NOT_INHERITED}
+    metadata.update(props)
+    size = input_size(result.config, 64)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    return export_onnx(result.net, out, size, metadata, change_map=change_map)

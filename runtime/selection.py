@@ -1,0 +1,40 @@
+"""The never-worse rule: when an adapted model replaces the base model, judged on the
+cross-validation of the analyst's labels (no torch). Shared by the adapted heads
+(:mod:`app.adapt.fit`) and fine-tuning (:mod:`local_damage.adapt.finetune`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: A candidate replaces the base model only when its cross-validated NLL is lower than the base
+#: model's by more than this many nats per label...
+NEAR_TIE_NATS = 0.01
+#: ...and by more than this many standard errors of the paired per-label difference, and its
+#: cross-validated macro-F1 is above the base model's: near-ties go to the base model.
+NEAR_TIE_SE = 2.0
+#: The rule in words, recorded in the metadata of adapted models.
+RULE = (
+    "the base model unless a candidate's cross-validated negative log-likelihood (nats) of the "
+    f"given labels is lower by more than {NEAR_TIE_NATS} and by more than {NEAR_TIE_SE:g} "
+    "standard errors of the paired per-label difference, with a cross-validated macro-F1 above "
+    "the base model's; among those, the lowest NLL (ties to the simpler candidate)"
+)
+
+
+def gain(base_losses: np.ndarray, losses: np.ndarray) -> tuple[float, float]:
+    """``(mean, standard error)`` of the per-label NLL a candidate saves over the base model
+    (``[N]`` out-of-fold losses each, nats)."""
+    diff = np.asarray(base_losses, np.float64) - np.asarray(losses, np.float64)
+    se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else 0.0
+    return float(diff.mean()) if len(diff) else 0.0, se
+
+
+def clearly_better(
+    base_losses: np.ndarray, losses: np.ndarray, base_macro_f1: float, macro_f1: float
+) -> tuple[bool, float, float]:
+    """``(clear, gain, gain_se)``: whether a candidate beats the base model clearly (:data:`RULE`)."""
+    g, se = gain(base_losses, losses)
+    ok = g > NEAR_TIE_NATS and g > NEAR_TIE_SE * se and macro_f1 > base_macro_f1
+    return bool(ok), g, se

@@ -1,0 +1,179 @@
+"""`local-damage adapt --finetune` and `--semi`: the network's last block and classifier
+fine-tuned on the labels (epochs chosen by cross-validation, the base network kept unless beaten
+clearly), FixMatch on unlabelled buildings, and the clear error without PyTorch.
+
+The base model is the tiny exported model of the ``score_model`` fixture with its fp16 weights
+beside it (``export --weights``), run by ONNX Runtime after fine-tuning as any model is.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def chips(score_model) -> Path:
+    return score_model.parent / "chips"
+
+
+@pytest.fixture(scope="module")
+def base(score_model, tmp_path_factory) -> Path:
+    """The fixture model with its fine-tuning weights beside it (NAME.safetensors)."""
+    from local_damage.export.weights import export_weights
+
+    folder = tmp_path_factory.mktemp("finetune-base")
+    shutil.copy(score_model, folder / "base.onnx")
+    export_weights(score_model.parent / "run", folder / "base.safetensors")
+    return folder / "base.onnx"
+
+
+@pytest.fixture(scope="module")
+def store(base, chips):
+    from app.adapt.labelled import from_chip_store
+    from runtime.predictor import Predictor
+
+    return from_chip_store(chips, Predictor(base).class_names)
+
+
+def _nll(p: np.ndarray, y: np.ndarray) -> float:
+    return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, 1)).mean())
+
+
+def test_finetune_writes_a_model_that_grades_the_labels_better(base, chips, store, tmp_path):
+    """The written model is a real ONNX file with the adaptation block; the cross-validation
+    kept some epochs, and the model grades the labelled chips with a lower log-loss than the
+    base model (the fixture's model trained one epoch: much to learn)."""
+    from runtime.predictor import Predictor
+
+    out = tmp_path / "tuned.onnx"
+    assert run_cli("adapt", "--model", base, "--chips", chips, "--finetune", "--out", out) == 0
+    tuned = Predictor(out)
+    block = tuned.metadata["adaptation"]
+    assert block["method"] == "finetune", block["cv"]
+    assert block["finetune"]["epochs"] >= 1 and block["finetune"]["choice"]["clear"]
+    curve = block["cv"]["curve"]
+    assert len(curve) == block["finetune"]["max_epochs"] + 1
+    assert curve[block["finetune"]["epochs"]]["nll"] < curve[0]["nll"]
+    assert block["labels"]["n"] == int(store.labelled.sum())
+    assert "ood" not in tuned.metadata  # the base network's prototypes do not describe it
+    y = store.labels
+    before = Predictor(base).predict(store.pre, store.post).probabilities
+    after = tuned.predict(store.pre, store.post).probabilities
+    assert _nll(after, y) < _nll(before, y) - 0.05
+
+
+def test_labels_that_say_nothing_keep_the_base_network(base, store, tmp_path):
+    """Labels shuffled at random: no number of epochs beats the base network clearly on the
+    cross-validation, so the written model grades exactly as the base model."""
+    from app.adapt.labelled import Buildings
+    from cli.adapt import finetune_model
+    from runtime.predictor import Predictor
+
+    rng = np.random.default_rng(0)
+    n = len(store)
+    pick = rng.permutation(n)
+    noise = Buildings(
+        [store.ids[i] for i in pick],
+        [store.events[i] for i in pick],
+        rng.integers(0, 4, n),
+        store.pre[pick],
+        store.post[pick],
+    )
+    out = tmp_path / "kept.onnx"
+    result = finetune_model(Predictor(base), noise, out)
+    assert result.block["finetune"]["epochs"] == 0, result.block["cv"]
+    assert result.block["method"] == "base"
+    a = Predictor(base).predict(store.pre, store.post).probabilities
+    b = Predictor(out).predict(store.pre, store.post).probabilities
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_semi_learns_from_the_unlabelled_buildings(base, store, tmp_path):
+    """Half the store's labels hidden: ``--semi`` uses the hidden half as unlabelled pairs and
+    records how many, and the FixMatch figures when it trains."""
+    from app.adapt.labelled import Buildings
+    from cli.adapt import finetune_model
+    from runtime.predictor import Predictor
+
+    hidden = np.arange(len(store)) % 2 == 1
+    half = Buildings(
+        store.ids, store.events, np.where(hidden, -1, store.labels), store.pre, store.post
+    )
+    out = tmp_path / "semi.onnx"
+    result = finetune_model(Predictor(base), half, out, semi=True)
+    details = result.block["finetune"]
+    assert details["unlabelled"] == int(hidden.sum())
+    assert result.block["method"] in ("semi", "base")
+    if result.block["method"] == "semi":
+        assert 0.0 <= details["fixmatch"]["confident_share"] <= 1.0
+        assert details["fixmatch"]["confidence"] == 0.95
+    Predictor(out)  # a readable model either way
+
+
+def test_semi_without_unlabelled_buildings_is_refused(base, store, tmp_path):
+    from cli.adapt import finetune_model
+    from local_damage.adapt.network import FinetuneError
+    from runtime.predictor import Predictor
+
+    with pytest.raises(FinetuneError, match="unlabelled buildings"):
+        finetune_model(Predictor(base), store, tmp_path / "x.onnx", semi=True)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_fixmatch_keeps_only_confident_pseudo_labels(base):
+    """The pseudo-label loss is 0 when no weak prediction reaches the threshold, and positive
+    with every one kept; the strong view cuts the same square out of pre and post."""
+    import torch
+
+    from local_damage.adapt.network import load_network, split_network
+    from local_damage.adapt.semi import Unlabelled, strong_view
+
+    net, _ = load_network(base.with_suffix(".safetensors"))
+    trunk, top, _ = split_network(net, 1)
+    rng = np.random.default_rng(0)
+    chips = rng.integers(0, 255, (6, 64, 64, 3), dtype=np.uint8)
+    unl = Unlabelled(trunk, chips, chips[::-1].copy(), 32)
+    gen = torch.Generator().manual_seed(0)
+    loss, share = unl.loss(net, top, 8, gen, confidence=1.01)
+    assert share == 0.0 and float(loss.detach()) == 0.0
+    loss, share = unl.loss(net, top, 8, gen, confidence=0.0)
+    assert share == 1.0 and float(loss.detach()) > 0.0
+    x = torch.ones(3, 3, 16, 16) * 5.0
+    s_pre, s_post = strong_view(x, x.clone(), torch.Generator().manual_seed(1))
+    assert torch.equal(s_pre == 0, s_post == 0) and bool((s_pre == 0).any())
+    assert not torch.allclose(s_pre, x)
+
+
+def test_without_torch_the_error_says_how_to_install(base, chips, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def no_torch(name, *args, **kwargs):
+        return None if name.split(".")[0] == "torch" else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    out = tmp_path / "x.onnx"
+    assert run_cli("adapt", "--model", base, "--chips", chips, "--finetune", "--out", out) == 2
+    err = capsys.readouterr().err
+    assert "needs PyTorch" in err and "pip install" in err and "torch>=2.4" in err
+    assert not out.exists()
+
+    from cli.score import finetuner
+
+    assert finetuner() is None  # the app greys the box out and says how to install
+
+
+def test_the_app_fine_tunes_through_the_function_the_command_gives_it():
+    """`local-damage app` hands the app :func:`cli.adapt.finetune_model` when PyTorch is here;
+    the app's packages never import torch or local_damage themselves (test_architecture)."""
+    from cli.adapt import finetune_model
+    from cli.score import finetuner
+
+    assert finetuner() is finetune_model

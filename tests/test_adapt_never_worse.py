@@ -1,0 +1,103 @@
+"""`local-damage adapt` never makes the base model worse on what the labels can tell: every
+adjustment (the heads, and the discount of classes without a label) is a candidate judged by the
+same cross-validation, the base model is always one and wins near-ties, and a class without a
+label keeps its probability unless the labels give evidence against it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.adapt.fit import METHODS, adapt_head
+from runtime.head import unit
+
+
+def _logits(p: list[float], n: int) -> np.ndarray:
+    return np.tile(np.log(np.asarray(p, np.float64)), (n, 1))
+
+
+def _macro_f1(y: np.ndarray, pred: np.ndarray) -> float:
+    from sklearn.metrics import f1_score
+
+    present = sorted(set(y.tolist()) | set(pred.tolist()))
+    return float(f1_score(y, pred, labels=present, average="macro"))
+
+
+def _scene(seed: int):
+    """20 labels of no-damage (0), minor (1) and destroyed (3), none of major damage (2), on
+    which the base model is right and gives major damage 0.2 each (an expected count of 4: the
+    old rule multiplied major damage by 1 / (1 + 4) = 0.2); held-out buildings of all four
+    classes, the major-damage ones graded right by the base model with p = 0.55."""
+    rng = np.random.default_rng(seed)
+    rows = {0: [0.6, 0.1, 0.2, 0.1], 1: [0.1, 0.6, 0.2, 0.1], 3: [0.1, 0.1, 0.2, 0.6]}
+    y = np.repeat([0, 1, 3], [8, 6, 6])
+    raw = np.vstack([_logits(rows[int(c)], 1) for c in y]) + rng.normal(0, 0.05, (20, 4))
+    held_y = np.repeat([0, 1, 2, 3], [30, 20, 10, 20])
+    rows[2] = [0.25, 0.12, 0.55, 0.08]
+    held = np.vstack([_logits(rows[int(c)], 1) for c in held_y]) + rng.normal(0, 0.05, (80, 4))
+    z = unit(rng.normal(size=(20, 16)))
+    held_z = unit(rng.normal(size=(80, 16)))
+    return raw, z, y, held, held_z, held_y
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_class_missing_from_the_labels_is_not_discounted_without_evidence(seed):
+    """The case that tripped the old rule: no major-damage building among the labels, and the
+    base model grades the held-out major-damage buildings right. The adapted model is not worse
+    than the base model on the held-out buildings (the old rule cost them every major-damage
+    grade: macro-F1 1.0 -> about 0.78)."""
+    raw, z, y, held, held_z, held_y = _scene(seed)
+    base_pred = held.argmax(1)
+    assert _macro_f1(held_y, base_pred) == 1.0
+    ad = adapt_head(raw, z, y, 4)
+    pred = ad.head.log_probabilities(held, held_z).argmax(1)
+    assert _macro_f1(held_y, pred) >= _macro_f1(held_y, base_pred) - 0.01, ad.cv["candidates"]
+    assert (pred[held_y == 2] == 2).all()
+    assert ad.head.discount[2] == 1.0
+    assert not ad.head.method.endswith("+discount")
+
+
+def test_a_class_the_labels_speak_against_is_discounted_when_it_helps():
+    """The other side: the base model calls major damage on most labelled buildings, and every
+    one of them is something else (a wildfire the base model grades too harshly). The discounted
+    base model is the candidate kept, and it grades held-out buildings of the same kind better."""
+    rng = np.random.default_rng(5)
+    harsh = {0: [0.3, 0.1, 0.55, 0.05], 3: [0.05, 0.05, 0.5, 0.4]}
+    y = np.repeat([0, 3], [12, 8])
+    raw = np.vstack([_logits(harsh[int(c)], 1) for c in y]) + rng.normal(0, 0.05, (20, 4))
+    held_y = np.repeat([0, 3], [60, 40])
+    held = np.vstack([_logits(harsh[int(c)], 1) for c in held_y]) + rng.normal(0, 0.05, (100, 4))
+    z, held_z = unit(rng.normal(size=(20, 16))), unit(rng.normal(size=(100, 16)))
+    ad = adapt_head(raw, z, y, 4)
+    assert ad.head.method.endswith("+discount"), ad.cv["candidates"]
+    assert ad.cv["candidates"][ad.head.method]["clear"]
+    assert ad.head.discount[2] < 0.2 and ad.head.discount[1] == 1.0  # 1: never called
+    before = _macro_f1(held_y, held.argmax(1))
+    after = _macro_f1(held_y, ad.head.log_probabilities(held, held_z).argmax(1))
+    assert after > before + 0.3
+
+
+def test_the_base_model_is_always_a_candidate_and_wins_near_ties():
+    """``--heads logistic`` still measures the base model; a head whose cross-validated NLL is
+    lower than the base model's by less than the near-tie margin is not taken."""
+    rng = np.random.default_rng(11)
+    y = np.repeat([0, 3], [15, 15])
+    raw = np.where(np.eye(4)[y] > 0, 1.0, 0.0) + rng.normal(0, 0.5, (30, 4))
+    z = unit(rng.normal(size=(30, 8)))
+    ad = adapt_head(raw, z, y, 4, methods=("logistic",))
+    assert "base" in ad.cv["candidates"] and "logistic" in ad.cv["candidates"]
+    for name, m in ad.cv["candidates"].items():
+        assert {"gain", "gain_se", "clear"} <= set(m), name
+    assert ad.head.method == "base", ad.cv["candidates"]
+    assert not any(m["clear"] for m in ad.cv["candidates"].values())
+
+
+def test_the_candidates_are_every_head_kept_and_discounted():
+    """With evidence against a class, each head of METHODS is tried both ways."""
+    rng = np.random.default_rng(2)
+    y = rng.choice([0, 3], 30)
+    raw = rng.normal(0, 0.3, (30, 4))
+    raw[:, 1] += 2.0  # the base model calls minor damage on all of them
+    ad = adapt_head(raw, unit(rng.normal(size=(30, 8))), y, 4)
+    expected = {*METHODS, *(m + "+discount" for m in METHODS)}
+    assert set(ad.cv["candidates"]) == expected
