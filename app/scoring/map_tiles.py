@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +33,8 @@ TILE = 256
 MAP_MAX_SIDE = 4096
 #: WebP quality of the tiles (0-100).
 QUALITY = 80
+#: Threads that encode tiles and warp imagery (OpenCV and GDAL release Python's lock).
+THREADS = max(1, min(4, os.cpu_count() or 1))
 #: Width of the Web Mercator plane in metres (EPSG:3857), 2 pi times the WGS 84 semi-major axis.
 MERCATOR_WIDTH = 2 * math.pi * 6378137.0
 #: Finest Web Mercator zoom level a pyramid is cut at (about 2 cm per pixel at the equator).
@@ -171,6 +175,7 @@ def _warp_mosaic(mosaic, grid, frame: _Frame) -> _Canvas:
                 resampling=Resampling.average,
                 src_alpha=4 if tile.alpha else 0,
                 dst_alpha=4,
+                num_threads=THREADS,
             )
         except RasterioError:
             continue  # a tile that cannot be read leaves its area empty on the map
@@ -271,13 +276,19 @@ def _pyramid(canvas: _Canvas, min_zoom: int = 0) -> Pyramid:
 def _cut(canvas: _Canvas, tiles: dict[str, str]) -> None:
     """Encode every tile of ``canvas`` that holds imagery into ``tiles``."""
     rows, cols = canvas.rgb.shape[0] // TILE, canvas.rgb.shape[1] // TILE
+    todo = []
     for r in range(rows):
         for c in range(cols):
             ys, xs = slice(r * TILE, (r + 1) * TILE), slice(c * TILE, (c + 1) * TILE)
             valid = canvas.valid[ys, xs]
             if valid.any():
-                key = f"{canvas.zoom}/{canvas.x0 + c}/{canvas.y0 + r}"
-                tiles[key] = encode_tile(canvas.rgb[ys, xs], valid)
+                todo.append((f"{canvas.zoom}/{canvas.x0 + c}/{canvas.y0 + r}", ys, xs))
+    with ThreadPoolExecutor(THREADS) as pool:
+        encoded = pool.map(
+            lambda t: encode_tile(canvas.rgb[t[1], t[2]], canvas.valid[t[1], t[2]]), todo
+        )
+        for (key, _, _), uri in zip(todo, encoded, strict=True):
+            tiles[key] = uri
 
 
 def encode_tile(rgb: np.ndarray, valid: np.ndarray) -> str:
