@@ -19,7 +19,7 @@ def test_bench_map_json(capsys):
     assert row["scene"] == "synthetic-1024px"
     assert 0.01 < row["map_mb"] < 5
     assert row["score_s"] > 0 and row["score_with_map_s"] > 0
-    assert row["map_write_s"] == pytest.approx(row["score_with_map_s"] - row["score_s"])
+    assert 0 < row["map_write_s"] < row["score_with_map_s"]
     if CHROMIUM.is_file():
         # 10 x 10 cells of 100 px: every building drawn, every one graded, nothing fetched
         assert row["drawn"] == 100 and row["scored"] == 100
