@@ -513,17 +513,25 @@ def open_scene(pre_paths, post_paths, max_pixels: int | None = None) -> Scene:
         SceneError: when no pre or no post tile is usable, or pre and post do not overlap.
     """
     max_pixels = pixel_limit(max_pixels)
-    skipped: list[Skipped] = []
-    pre_tiles = _open_tiles(pre_paths, skipped, max_pixels)
-    post_tiles = _open_tiles(post_paths, skipped, max_pixels)
+    pre_skipped: list[Skipped] = []
+    post_skipped: list[Skipped] = []
+    pre_tiles = _open_tiles(pre_paths, pre_skipped, max_pixels)
+    post_tiles = _open_tiles(post_paths, post_skipped, max_pixels)
+    skipped = pre_skipped + post_skipped
     try:
-        for name, paths, tiles in (("pre", pre_paths, pre_tiles), ("post", post_paths, post_tiles)):
-            if not tiles:
-                problems = "; ".join(str(s) for s in skipped) or "no files given"
-                raise SceneError(
-                    f"{name} imagery",
-                    f"none of the {len(paths)} {name} tile(s) can be used ({problems})",
-                )
+        groups = (
+            ("pre", pre_paths, pre_tiles, pre_skipped),
+            ("post", post_paths, post_tiles, post_skipped),
+        )
+        unusable = [
+            f"none of the {len(paths)} {name} tile(s) can be used "
+            f"({'; '.join(str(s) for s in own) or 'no files given'})"
+            for name, paths, tiles, own in groups
+            if not tiles
+        ]
+        if unusable:  # each date's files under its own name, both when neither can be used
+            name = "pre" if not pre_tiles else "post"
+            raise SceneError(f"{name} imagery", "; ".join(unusable))
         radiometry.scene_scalings([*pre_tiles, *post_tiles])
         grid = pre_grid(pre_tiles)
         pre = Mosaic("pre", pre_tiles, grid, max_pixels)

@@ -540,3 +540,21 @@ def test_large_synthetic_scene_is_written_block_by_block(tmp_path):
     ):
         assert (a.read() != b.read()).any()  # damage drawn in post
     assert len(gpd.read_file(tmp_path / "s" / "buildings.geojson")) == n
+
+
+def test_unusable_pre_and_post_are_each_named_under_their_own_date(synthetic_scene, tmp_path):
+    """Each date's unusable files are listed under that date, never the post under "pre"."""
+    from data_prep.errors import LocalDamageError
+    from data_prep.mosaic import open_scene
+
+    missing_pre, missing_post = tmp_path / "gone_pre.tif", tmp_path / "gone_post.tif"
+    with pytest.raises(LocalDamageError) as both:
+        open_scene([missing_pre], [missing_post])
+    text = str(both.value)
+    pre_part, post_part = text.split("none of the 1 post tile(s)")
+    assert "gone_pre.tif" in pre_part and "gone_post.tif" not in pre_part
+    assert "gone_post.tif" in post_part
+    with pytest.raises(LocalDamageError) as post_only:
+        open_scene(synthetic_scene.pre, [missing_post])
+    assert "post imagery" in str(post_only.value) and "gone_pre" not in str(post_only.value)
+    assert "pre tile(s)" not in str(post_only.value)
