@@ -29,28 +29,43 @@ def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, 
     return {"accuracy": round(float(m["accuracy"]), 6), "macro_f1": round(float(m["macro_f1"]), 6)}
 
 
+def finetune_labels(weights: Path, b, given, unlabelled, options: FinetuneOptions):
+    """The network fine-tuned on the labels ``given`` of ``b`` as ``adapt --finetune`` does it
+    (with the ``unlabelled`` buildings, FixMatch as ``adapt --semi``).
+
+    Raises:
+        FinetuneError: fine-tuning refuses the labels.
+    """
+    return finetune(
+        weights,
+        b.pre[given],
+        b.post[given],
+        b.labels[given],
+        options,
+        None if unlabelled is None else b.pre[unlabelled],
+        None if unlabelled is None else b.post[unlabelled],
+    )
+
+
+def finetuned_classes(r, b, rows) -> np.ndarray:
+    """The classes the fine-tuned network ``r`` predicts for the buildings ``rows`` of ``b``."""
+    logits = predict(r.net, b.pre[rows], b.post[rows], input_size(r.config, b.pre.shape[1]))
+    return logits.argmax(1)
+
+
 def tuned(weights: Path, b, given, ev, unlabelled, max_epochs: int, seed: int):
     """``(predictions of ev or None, model, note)``: the network fine-tuned on the labels
-    ``given`` as ``adapt --finetune`` does it (with ``unlabelled``, FixMatch as ``adapt --semi``);
-    None when the base network was kept or fine-tuning refused the labels (the base model's
-    grades stand)."""
-    opts = FinetuneOptions(max_epochs=max_epochs, seed=seed)
+    ``given`` (:func:`finetune_labels`); None when the base network was kept or fine-tuning
+    refused the labels (the base model's grades stand)."""
     try:
-        r = finetune(
-            weights,
-            b.pre[given],
-            b.post[given],
-            b.labels[given],
-            opts,
-            None if unlabelled is None else b.pre[unlabelled],
-            None if unlabelled is None else b.post[unlabelled],
+        r = finetune_labels(
+            weights, b, given, unlabelled, FinetuneOptions(max_epochs=max_epochs, seed=seed)
         )
     except FinetuneError as exc:
         return None, "base", f"fine-tuning refused: {exc}"
     if not r.epochs:
         return None, "base", f"base network kept ({r.seconds:.0f} s)"
-    logits = predict(r.net, b.pre[ev], b.post[ev], input_size(r.config, b.pre.shape[1]))
-    return logits.argmax(1), "finetuned", f"{r.epochs} epoch(s) ({r.seconds:.0f} s)"
+    return finetuned_classes(r, b, ev), "finetuned", f"{r.epochs} epoch(s) ({r.seconds:.0f} s)"
 
 
 def measure_event(

@@ -31,10 +31,11 @@ import numpy as np
 from app.adapt.fit import AdaptError, adapt_head
 from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
+from bench.fewshot_measure import finetune_labels, finetuned_classes
 from cli.options import add_model_args, add_report_args
 from data_prep.store import atomic_path
-from local_damage.adapt.finetune import FinetuneOptions, finetune, input_size, weights_beside
-from local_damage.adapt.network import FinetuneError, predict
+from local_damage.adapt.finetune import FinetuneOptions, weights_beside
+from local_damage.adapt.network import FinetuneError
 from local_damage.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.registry import default_model
@@ -169,23 +170,15 @@ def tuned_predictions(weights, b, given, rest, unlabelled, base_pred, seed, opti
     ``given`` (with the ``unlabelled`` buildings for FixMatch), as ``adapt --finetune`` /
     ``--semi`` would write it; the base model's own predictions when the base network is kept
     or fine-tuning refuses the labels."""
-    opts = FinetuneOptions(seed=seed, **(options or {}))
     try:
-        r = finetune(
-            weights,
-            b.pre[given],
-            b.post[given],
-            b.labels[given],
-            opts,
-            None if unlabelled is None else b.pre[unlabelled],
-            None if unlabelled is None else b.post[unlabelled],
+        r = finetune_labels(
+            weights, b, given, unlabelled, FinetuneOptions(seed=seed, **(options or {}))
         )
     except FinetuneError:
         return base_pred, "base (refused)"
     if not r.epochs:
         return base_pred, "base"
-    logits = predict(r.net, b.pre[rest], b.post[rest], input_size(r.config, b.pre.shape[1]))
-    return logits.argmax(1), f"{r.epochs} epochs"
+    return finetuned_classes(r, b, rest), f"{r.epochs} epochs"
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

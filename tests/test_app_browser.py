@@ -113,24 +113,26 @@ def bench_tile(tmp_path_factory) -> tuple[Path, Path, Path]:
     return images / f"{name}_pre_disaster.png", images / f"{name}_post_disaster.png", label
 
 
-@pytest.fixture(scope="module")
-def server(bench_model, tmp_path_factory):
-    """The app serving on a free local port; yields its URL."""
+def serve_app(model, work_dir):
+    """The app serving ``model`` (and the models beside it) on a free local port; yields its URL
+    and stops it after."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from app.web.app import launch
 
     port = _free_port()
     demo = launch(
-        models_dir=bench_model.parent,
-        model=str(bench_model),
-        port=port,
-        work_dir=tmp_path_factory.mktemp("app"),
-        block=False,
+        models_dir=model.parent, model=str(model), port=port, work_dir=work_dir, block=False
     )
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def server(bench_model, tmp_path_factory):
+    """The app serving on a free local port; yields its URL."""
+    yield from serve_app(bench_model, tmp_path_factory.mktemp("app"))
 
 
 @pytest.mark.browser

@@ -11,13 +11,12 @@ map. Screenshots go to ``test-artifacts/``.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
 from tests.conftest import REPO, missing, shared_data
-from tests.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, _free_port, need_chromium
+from tests.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, need_chromium, serve_app
 
 #: The bundled model, as an analyst grades with it.
 MODEL = REPO / "models" / "default.onnx"
@@ -26,23 +25,9 @@ MODEL = REPO / "models" / "default.onnx"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The app on a free local port with the bundled model; yields its URL."""
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from app.web.app import launch
-
     if not MODEL.is_file():
         missing(f"{MODEL} is missing: the bundled model ships with the project")
-    port = _free_port()
-    demo = launch(
-        models_dir=MODEL.parent,
-        model=str(MODEL),
-        port=port,
-        work_dir=tmp_path_factory.mktemp("app"),
-        block=False,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    yield from serve_app(MODEL, tmp_path_factory.mktemp("app"))
 
 
 def _assess_and_pick(server, pre, post, footprints, shot: str) -> dict:
