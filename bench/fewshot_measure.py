@@ -17,8 +17,9 @@ from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from app.adapt.suggest import suggestion_order
 from bench.fewshot_settings import Settings, pool_size
-from local_damage.adapt.finetune import FinetuneOptions, finetune, input_size
-from local_damage.adapt.network import FinetuneError, predict
+from bench.finetune_arm import finetune_labels, finetuned_classes
+from local_damage.adapt.finetune import FinetuneOptions
+from local_damage.adapt.network import FinetuneError
 from local_damage.export.weights import export_weights
 from local_damage.metrics import classification_metrics
 from runtime.predictor import Predictor
@@ -27,30 +28,6 @@ from runtime.predictor import Predictor
 def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, float]:
     m = classification_metrics(y, pred, names)
     return {"accuracy": round(float(m["accuracy"]), 6), "macro_f1": round(float(m["macro_f1"]), 6)}
-
-
-def finetune_labels(weights: Path, b, given, unlabelled, options: FinetuneOptions):
-    """The network fine-tuned on the labels ``given`` of ``b`` as ``adapt --finetune`` does it
-    (with the ``unlabelled`` buildings, FixMatch as ``adapt --semi``).
-
-    Raises:
-        FinetuneError: fine-tuning refuses the labels.
-    """
-    return finetune(
-        weights,
-        b.pre[given],
-        b.post[given],
-        b.labels[given],
-        options,
-        None if unlabelled is None else b.pre[unlabelled],
-        None if unlabelled is None else b.post[unlabelled],
-    )
-
-
-def finetuned_classes(r, b, rows) -> np.ndarray:
-    """The classes the fine-tuned network ``r`` predicts for the buildings ``rows`` of ``b``."""
-    logits = predict(r.net, b.pre[rows], b.post[rows], input_size(r.config, b.pre.shape[1]))
-    return logits.argmax(1)
 
 
 def tuned(weights: Path, b, given, ev, unlabelled, max_epochs: int, seed: int):

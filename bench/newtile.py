@@ -31,7 +31,7 @@ import numpy as np
 from app.adapt.fit import AdaptError, adapt_head
 from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
-from bench.fewshot_measure import finetune_labels, finetuned_classes
+from bench.finetune_arm import finetune_labels, finetuned_classes
 from cli.options import add_model_args, add_report_args
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
