@@ -47,6 +47,29 @@ from data_prep.windows import ChipWindow, crop_boundless, window_overlap
 #: Side in source pixels of the window around a building in which its shift is measured.
 CONTEXT_SIDE = 512
 
+#: ``misaligned`` when the residual shift measured on the imagery around a building exceeds this
+#: many source pixels (``runtime.flags.MISALIGNED_CONTEXT_PX``, docs/flags.md); a
+#: :class:`ReadContext` measures at full precision wherever a value could fall on either side.
+CONTEXT_LIMIT_PX = 6.0
+
+#: :class:`ReadContext` first matches a building's windows at this averaging factor (a quarter
+#: of :data:`data_prep.registration.CONTEXT_FACTOR`'s pixels: about a quarter of the cost). Its
+#: value stands when it settles that the building is not misaligned: a peak inside the search
+#: range with correlation at least :data:`COARSE_MIN_NCC`, at least :data:`COARSE_MARGIN_PX` under
+#: the limit; any other window (one that may be flagged, or whose coarse match is unclear) is
+#: matched again as :func:`context_residual` does. Chosen on every labelled xBD tile (58 tiles,
+#: 2,856 windows, each also with its post image moved by 4 to 26 px in a random direction): 78%
+#: of the windows of the tiles as they are settle on the coarse match, and no window settled so is
+#: over the limit in the full measurement (the largest: 5.7 px); the coarse and full values differ
+#: by 0.29 px in the median, 1.1 px at the 99th percentile. Values over the limit always come
+#: from the full match: a coarse match of low correlation can put its peak far off (17 px on a
+#: Joplin building whose full measurement is 1.5 px).
+COARSE_FACTOR = 4
+#: Least peak correlation of the coarse match for its value to stand.
+COARSE_MIN_NCC = 0.25
+#: Least distance in source pixels of a coarse value under the limit for it to stand.
+COARSE_MARGIN_PX = 2.0
+
 #: Search range of a chip pair's shift, as a fraction of the chip side (16 px on 128 px chips).
 CHIP_SEARCH = 0.125
 #: Gaussian blur (pixels) of chip grey images before matching.
@@ -168,16 +191,28 @@ class ReadContext:
     whole read, a window that lies entirely in valid imagery is cut from them as it is, one with
     pixels outside ``valid`` gets its fill (the mean colour of its valid pixels, as
     :func:`context_residual`) in grey, and buildings whose windows coincide share one match.
-    Every value equals :func:`image_context_residual` of the same arguments, bit for bit (the
-    same window, fill and grey pixels go into the same match); the tests hold it to that on real
-    tiles.
+
+    Each window is first matched at :data:`COARSE_FACTOR`; where that match settles that the
+    shift is clearly under ``limit`` (see :data:`COARSE_FACTOR`) its value is returned, otherwise
+    the value of :func:`image_context_residual` of the same arguments, bit for bit (the same
+    window, fill and grey pixels go into the same match). So every value over ``limit`` minus
+    :data:`COARSE_MARGIN_PX`, and every NaN, is :func:`image_context_residual`'s, and a value
+    under it stands for one that is not over ``limit``; the tests hold it to that on real tiles.
 
     Args:
         pre_img, post_img: uint8 ``[H, W, 3]`` pre image and corrected post image of one grid.
         valid: bool ``[H, W]``, where both hold data (None: everywhere inside the images).
+        limit: the ``misaligned`` limit in source pixels the values are exact around (None:
+            every value measured in full, as :func:`image_context_residual`).
     """
 
-    def __init__(self, pre_img: np.ndarray, post_img: np.ndarray, valid: np.ndarray | None = None):
+    def __init__(
+        self,
+        pre_img: np.ndarray,
+        post_img: np.ndarray,
+        valid: np.ndarray | None = None,
+        limit: float | None = CONTEXT_LIMIT_PX,
+    ):
         import cv2
 
         if pre_img.shape != post_img.shape or pre_img.ndim != 3 or pre_img.shape[2] != 3:
@@ -188,6 +223,7 @@ class ReadContext:
         self.pre_img, self.post_img = pre_img, post_img
         self.shape = pre_img.shape[:2]
         self.valid = valid
+        self.limit = limit
         self.pre_grey = cv2.cvtColor(np.ascontiguousarray(pre_img), cv2.COLOR_RGB2GRAY)
         self.post_grey = cv2.cvtColor(np.ascontiguousarray(post_img), cv2.COLOR_RGB2GRAY)
         self._done: dict[tuple[int, int, int], float] = {}
@@ -234,8 +270,11 @@ class ReadContext:
             self._bufs = (np.empty((n, n), np.float32), np.empty((n, n), np.float32))
         return self._bufs
 
-    @staticmethod
-    def _shift(a: np.ndarray, b: np.ndarray, side: int) -> float:
+    def _shift(self, a: np.ndarray, b: np.ndarray, side: int) -> float:
+        if self.limit is not None:
+            s = grey_context_shift(a, b, factor=COARSE_FACTOR, shape=(side, side))
+            if s.inside and s.ncc >= COARSE_MIN_NCC and s.length <= self.limit - COARSE_MARGIN_PX:
+                return s.length
         s = grey_context_shift(a, b, shape=(side, side))
         return s.length if s.inside and s.ncc >= CONTEXT_MIN_NCC else math.nan
 

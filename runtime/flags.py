@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from data_prep.quality import blank_reasons, is_blank
-from data_prep.residual import residual_shift
+from data_prep.residual import CONTEXT_LIMIT_PX, residual_shift
 from runtime.contract import ModelError
 
 #: Every flag name, in the order they are written.
@@ -53,7 +53,8 @@ MISALIGNED_PX = 3.0
 #: ``misaligned`` when the residual shift measured on the imagery around the building
 #: (:func:`data_prep.residual.context_residual`) exceeds this many source pixels: the smallest
 #: limit with at most 1% false alarms on the real xBD tiles of folds 0, 2, 3 and 4 (docs/flags.md).
-MISALIGNED_CONTEXT_PX = 6.0
+#: Kept beside the measurement (``data_prep.residual.CONTEXT_LIMIT_PX``), which is exact around it.
+MISALIGNED_CONTEXT_PX = CONTEXT_LIMIT_PX
 #: The residual-shift measurement every :class:`Flagger` uses by default:
 #: ``(pre, post) -> shift in chip pixels, or None when it cannot be measured``; None: no
 #: ``misaligned`` flag. The alignment check of ``data_prep``
