@@ -330,3 +330,45 @@ def test_joplin_per_block_equals_per_building():
         for i, got in enumerate(batch):
             j = s + i
             assert got == flagger.pair(a[j], b[j], embedding[j], None, context[j]), j
+
+
+@pytest.mark.parametrize("move", [0.0, 6.0])
+def test_coarse_context_settles_alike_on_every_labelled_xbd_tile(move):
+    """Every building window of every labelled xBD tile, as it is and with its post image moved
+    by 6 px (around the limit) in a random direction: the cascade of :class:`ReadContext` keeps
+    the full measurement's side of the limit, and most windows of the tiles as they are settle on
+    the coarse match alone."""
+    import json
+
+    import cv2
+    from shapely import wkt
+
+    rng = np.random.default_rng(1)
+    windows = coarse = 0
+    labels = sorted(
+        p
+        for name in ("xbd_sample", "xbd_extra")
+        for p in (shared_data(name) / "labels").glob("*_post_disaster.json")
+    )
+    assert len(labels) > 50
+    for label in labels:
+        images = label.parent.parent / "images"
+        stem = label.name.replace("_post_disaster.json", "")
+        pre = cv2.cvtColor(cv2.imread(str(images / f"{stem}_pre_disaster.png")), cv2.COLOR_BGR2RGB)
+        post = cv2.cvtColor(
+            cv2.imread(str(images / f"{stem}_post_disaster.png")), cv2.COLOR_BGR2RGB
+        )
+        if move:
+            angle = rng.uniform(0, 2 * np.pi)
+            shift = np.float32([[1, 0, move * np.cos(angle)], [0, 1, move * np.sin(angle)]])
+            post = cv2.warpAffine(post, shift, post.shape[1::-1], borderMode=cv2.BORDER_REFLECT)
+        full, cascade = ReadContext(pre, post, limit=None), ReadContext(pre, post)
+        for feature in json.loads(label.read_text())["features"]["xy"]:
+            c = wkt.loads(feature["wkt"]).centroid
+            want, got = full.residual((c.x, c.y)), cascade.residual((c.x, c.y))
+            assert _settles_alike(want, got), (stem, c.x, c.y, want, got)
+            windows += 1
+            coarse += not _same(want, got)
+    assert windows > 3000
+    if not move:
+        assert coarse > 0.6 * windows, (coarse, windows)
