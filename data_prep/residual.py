@@ -10,7 +10,9 @@ same place, sub-pixel by a parabola through the peak. Two windows are measured:
   :data:`CONTEXT_SEARCH` px. The ground, roads and neighbours around a building line up or not
   whatever happened to the building itself, so this tells a misregistered post image from a
   changed building. The shift counts when its peak is inside the search range and its
-  correlation at least :data:`CONTEXT_MIN_NCC`; otherwise there is no measurement.
+  correlation at least :data:`CONTEXT_MIN_NCC`; otherwise there is no measurement. Scoring
+  measures the buildings of one read together (:class:`ReadContext`), each first at a quarter of
+  the resolution (:data:`COARSE_FACTOR`) and again in full wherever it may be flagged.
 - **Chip** (:func:`chip_shift`, :func:`residual_shift`): the chip pair alone, for callers that
   have no imagery around it (the app's chip mode). The centre of the pre chip is matched over
   the post chip within :data:`CHIP_SEARCH` of its side, and the shift counts only when the match
