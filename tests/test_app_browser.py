@@ -50,6 +50,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def scroll_table_to(page, row: int, timeout: float = 15_000) -> None:
+    """Scroll the buildings table to its end until the cell of ``row`` is rendered: the table
+    draws only the rows in view, and its height grows as it draws them, so one scroll to the end
+    may stop short of the last row."""
+    page.wait_for_function(
+        "(t) => { document.querySelectorAll('#buildings *').forEach(e => {"
+        " if (e.scrollHeight > e.clientHeight + 5) e.scrollTop = e.scrollHeight; });"
+        " return [...document.querySelectorAll('#buildings [role=gridcell]')]"
+        ".some(c => c.textContent.trim() === t); }",
+        arg=str(row),
+        timeout=timeout,
+    )
+
+
 @pytest.fixture(scope="module")
 def bench_model(tmp_path_factory) -> Path:
     """ResNet-18 at 128 px input, one epoch on synthetic xBD, exported with the change map as
@@ -172,10 +186,7 @@ def test_browser_assess_tile(server, bench_model, bench_tile):
             first = table.get_by_role("gridcell", name="0", exact=True)
             expect(first).to_be_visible()
             # the table renders the rows in view: scroll to its end for the last building
-            page.evaluate(
-                "() => document.querySelectorAll('#buildings *').forEach("
-                "e => { if (e.scrollHeight > e.clientHeight + 5) e.scrollTop = e.scrollHeight; })"
-            )
+            scroll_table_to(page, N_BUILDINGS - 1)
             last = table.get_by_role("gridcell", name=str(N_BUILDINGS - 1), exact=True)
             expect(last).to_be_visible(timeout=10_000)
             assert table.get_by_role("gridcell", name=str(N_BUILDINGS), exact=True).count() == 0
@@ -304,10 +315,7 @@ def test_browser_assess_tile_without_footprints(server, bench_model, bench_tile)
             table = page.locator("#buildings")
             expect(table.get_by_role("columnheader", name="confidence")).to_be_visible()
             expect(table.get_by_role("gridcell", name="0", exact=True)).to_be_visible()
-            page.evaluate(
-                "() => document.querySelectorAll('#buildings *').forEach("
-                "e => { if (e.scrollHeight > e.clientHeight + 5) e.scrollTop = e.scrollHeight; })"
-            )
+            scroll_table_to(page, expected - 1)
             last = table.get_by_role("gridcell", name=str(expected - 1), exact=True)
             expect(last).to_be_visible(timeout=10_000)
             assert table.get_by_role("gridcell", name=str(expected), exact=True).count() == 0
