@@ -337,7 +337,8 @@ def _rgb(path: Path):
 
 def _assess(page, model: str) -> float:
     """Click "Assess" and wait until the summary names ``model`` and the overlay image is
-    loaded; returns the seconds from the click."""
+    loaded; returns the seconds from the click. Then wait for the ``#`` box to be emptied (what
+    follows an assessment: a building typed there before would be cleared)."""
     start = time.perf_counter()
     page.locator("#assess-tile").click()
     page.wait_for_function(
@@ -348,7 +349,11 @@ def _assess(page, model: str) -> float:
         arg=model,
         timeout=120_000,
     )
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    page.wait_for_function(
+        "() => document.querySelector('#row input').value === ''", timeout=30_000
+    )
+    return seconds
 
 
 def test_gradio_client_assess_tile(server, bench_model, bench_tile):

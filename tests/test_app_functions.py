@@ -383,6 +383,8 @@ def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):
     assert chip_pre.shape == chip_post.shape == (CHIP_VIEW_SIZE, CHIP_VIEW_SIZE, 3)
     message, path = on_correct(session, 0, "destroyed")
     assert "building #0 is **destroyed**" in message and Path(path).is_file()
+    with pytest.raises(AppError, match="choose a building first"):
+        on_correct(session, None, "destroyed")  # the # box empty (as after an assessment)
     with pytest.raises(AppError, match="upload the post file"):
         on_assess_tile(ctx, model, pre, None, label)
     with pytest.raises(AppError, match="assess a tile first"):

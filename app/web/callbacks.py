@@ -198,6 +198,8 @@ def on_correct(session, row, damage):
     """Save the class an analyst sets for building ``row``; returns a message and the file."""
     if not session:
         raise AppError("assess a tile first")
+    if row is None or row == "":
+        raise AppError("choose a building first: its # in the table, on the map or in the # box")
     path = save_correction(session, int(row), damage)
     return f"Saved: building #{int(row)} is **{damage}** in `{path}`", str(path)
 
