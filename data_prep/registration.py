@@ -193,7 +193,7 @@ def grey_context_shift(
     shape = a.shape if shape is None else shape
     factor = max(int(factor), 1)
     left = factor
-    while left > 1:  # halvings first: two are cheaper than one area average by 4, as exact
+    while left > 1:  # halvings: two cost a third of one area average by 4 (the same mean)
         step = 2 if left % 2 == 0 else left
         size = (a.shape[1] // step, a.shape[0] // step)
         a = cv2.resize(a, size, interpolation=cv2.INTER_AREA)
