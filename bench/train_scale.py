@@ -209,10 +209,16 @@ class MemorySampler:
 
 
 def measure_store(
-    store: Path, config: str | None, workers: int, batches: int, device: str = "cpu"
+    store: Path,
+    config: str | None,
+    workers: int,
+    batches: int,
+    device: str = "cpu",
+    overrides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The loader alone, the training step alone and the two together on one store (the step
-    on ``device``: ``cpu`` or ``cuda``, where ``train.amp: auto`` trains in mixed precision)."""
+    on ``device``: ``cpu`` or ``cuda``, where ``train.amp: auto`` trains in mixed precision),
+    with the config's ``overrides`` (``KEY=VALUE``) applied."""
     import torch
 
     from local_damage.config import load_yaml
@@ -222,14 +228,17 @@ def measure_store(
     from local_damage.train.loaders import build_loaders
     from local_damage.train.loop import build_learner
 
-    cfg = load_yaml(Config, config, [f"data.num_workers={workers}"])
+    cfg = load_yaml(Config, config, [*overrides, f"data.num_workers={workers}"])
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     ids = read_manifest(store)["chip_id"].tolist()
     loader = build_loaders(cfg, store, ids, [], DistInfo(), device).train
     batch = cfg.train.batch_size
+    # one pass over the store feeds the warm-up, the timed batches and the loop
+    batches = max(min(batches, len(loader) - 1 - MAX_STEPS), 1)
     out: dict[str, Any] = {
         "chips": len(ids),
+        "timed_batches": batches,
         "batch_size": batch,
         "workers": workers,
         "device": device.type,
@@ -281,6 +290,7 @@ def bench_scale(
     batches: int = 40,
     source: str | os.PathLike | None = None,
     device: str = "cpu",
+    overrides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Make (once) and measure a simulated store of each size; the figures."""
     root = Path(root)
@@ -290,12 +300,15 @@ def bench_scale(
         store = make_sim_store(root, n, source)
         made = time.perf_counter() - start
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:  # memory its own
-            row = pool.submit(measure_store, store, config, workers, batches, device).result()
+            row = pool.submit(
+                measure_store, store, config, workers, batches, device, overrides
+            ).result()
         row["make_s"] = round(made, 1)
         rows.append(row)
     disk = sum(f.stat().st_size for f in (root / "unique").glob("*.npy"))
     return {
         "config": config or "defaults",
+        "overrides": list(overrides),
         "source": str(source) if source else "synthetic xBD tiles",
         "unique_mb": round(disk / 2**20, 1),
         "cpu_count": os.cpu_count(),
@@ -308,7 +321,7 @@ def format_scale(figures: dict[str, Any]) -> str:
     """The figures as a table."""
     lines = [
         f"training at scale, simulated (step on {figures['rows'][0]['device']}): "
-        f"config {figures['config']}, chips from "
+        f"config {' '.join([figures['config'], *figures.get('overrides', [])])}, chips from "
         f"{figures['source']} ({figures['unique_mb']:.0f} MiB of unique shards on disk); "
         f"{figures['cpu_count']} CPU cores, load average {figures['load_average']}",
         f"  {'chips':>7}  {'batch':>5}  {'wkrs':>4}  {'loader/s':>8}  {'step/s':>7}  "
@@ -353,12 +366,21 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=40,
         metavar="N",
-        help="timed loader batches per store (default 40)",
+        help="timed loader batches per store (default 40; at most one pass over the store)",
     )
     g.add_argument(
         "--config",
         metavar="YAML",
         help="training config (default: configs/default.yaml when it exists, else the defaults)",
+    )
+    g.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the training config, as `train --set` does, e.g. --set "
+        "model.encoder=resnet50 --set data.input_size=512 (repeatable)",
     )
     g.add_argument(
         "--source",
@@ -393,10 +415,25 @@ def run_scale(args: argparse.Namespace) -> int:
     default = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
     if config is None and default.is_file():
         config = str(default)
+    from local_damage.config import ConfigError, load_yaml
+    from local_damage.train.config import Config
+
+    try:  # a bad override is refused before any store is made
+        load_yaml(Config, config, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="bench-train-scale-") as tmp:
         root = Path(args.dir) if args.dir else Path(tmp)
         figures = bench_scale(
-            root, sizes, config, args.loader_workers, args.timed_batches, args.source, args.device
+            root,
+            sizes,
+            config,
+            args.loader_workers,
+            args.timed_batches,
+            args.source,
+            args.device,
+            tuple(args.overrides),
         )
     print(json.dumps(figures, indent=2) if args.json else format_scale(figures))
     return 0

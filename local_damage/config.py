@@ -86,6 +86,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     if typ is str:
         if isinstance(value, Mapping | list):
             raise ConfigError(f"{where}: expected text, got {value!r}")
+        if isinstance(value, bool):  # YAML reads a bare off/on/no/yes as a boolean
+            return "on" if value else "off"
         return str(value)
     if origin is typing.Literal:
         allowed = typing.get_args(typ)

@@ -74,3 +74,13 @@ def test_cpu_configs_differ_only_where_their_method_does():
         "loss.temperature",
     ):
         assert local[key] == default[key], key
+
+
+def test_bare_off_is_the_word_for_a_text_field(tmp_path):
+    """YAML reads a bare `off` as false: `--set train.amp=off` and `amp: off` in a file mean the
+    setting "off", not an error about 'False'."""
+    assert load_yaml(Config, None, ["train.amp=off"]).train.amp == "off"
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  amp: off\n")
+    assert load_yaml(Config, path).train.amp == "off"
+    assert load_yaml(Config, None, ["train.amp=bf16"]).train.amp == "bf16"

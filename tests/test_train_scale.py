@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from bench.train_scale import PER_SHARD, UNIQUE_SHARDS, make_sim_store
+from bench.train_scale import MAX_STEPS, PER_SHARD, UNIQUE_SHARDS, make_sim_store
 from data_prep.store import ChipReader, read_manifest
 from data_prep.windows import resize_chip
 from tests.conftest import run_cli
@@ -87,3 +87,52 @@ def test_bench_train_chips_tiny(sim_root, capsys):
         assert r["main_rss_mb"] > 50 and r["worker_rss_mb"] > 10 and r["train_rss_mb"] > 50
     assert figures["unique_mb"] > 0
     assert run_cli("bench", "train", "--chips", "0") == 2
+
+
+def test_bench_train_chips_overrides_and_one_pass(sim_root, capsys):
+    """`--set` changes the measured config, and the timed batches never run past one pass over
+    the store (which stopped the loader with StopIteration on a small store)."""
+    pytest.importorskip("torch")
+    argv = ["bench", "train", "--chips", "200", "--timed-batches", "500", "--dir", sim_root]
+    assert run_cli(*argv, "--loader-workers", "0", "--set", "train.batch_size=8", "--json") == 0
+    figures = json.loads(capsys.readouterr().out)
+    (row,) = figures["rows"]
+    assert figures["overrides"] == ["train.batch_size=8"] and row["batch_size"] == 8
+    assert 1 <= row["timed_batches"] <= 200 // 8 - 1 - MAX_STEPS
+    assert run_cli(*argv, "--set", "model.no_such_key=1") == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+class _OpenCVThreads:
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        import cv2
+
+        return cv2.getNumThreads()
+
+
+def test_loader_workers_run_opencv_on_one_thread(sim_root):
+    """Each of N workers starting OpenCV's pool of one thread per core oversubscribes the
+    cores; the training loader's workers run it on one thread, the process itself keeps its own."""
+    pytest.importorskip("torch")
+    import cv2
+    import torch
+    from torch.utils.data import DataLoader
+
+    from local_damage.config import load_yaml
+    from local_damage.train.config import Config
+    from local_damage.train.distributed import DistInfo
+    from local_damage.train.loaders import build_loaders, one_thread_worker
+
+    store = make_sim_store(sim_root, 200)
+    ids = read_manifest(store)["chip_id"].tolist()
+    for workers, init in ((2, one_thread_worker), (0, None)):
+        cfg = load_yaml(Config, None, [f"data.num_workers={workers}"])
+        loader = build_loaders(cfg, store, ids, [], DistInfo(), torch.device("cpu")).train
+        assert loader.worker_init_fn is init
+    before = cv2.getNumThreads()
+    seen = DataLoader(_OpenCVThreads(), num_workers=1, worker_init_fn=one_thread_worker)
+    assert [int(n) for n in seen] == [1, 1]
+    assert cv2.getNumThreads() == before

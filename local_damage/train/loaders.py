@@ -88,6 +88,15 @@ def training_sampler(cfg: Config, dataset: ChipPairDataset, dist_info: DistInfo)
     return RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.train.seed))
 
 
+def one_thread_worker(_worker_id: int) -> None:
+    """A loader worker's OpenCV on one thread: the workers are the parallelism, and each of N
+    workers starting a thread per core (OpenCV's default) puts N times as many threads on the
+    cores (PyTorch does the same for its own threads in a worker)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
 def build_loaders(
     cfg: Config,
     chips: str | Path,
@@ -103,6 +112,7 @@ def build_loaders(
         "num_workers": cfg.data.num_workers,
         "persistent_workers": cfg.data.num_workers > 0,
         "pin_memory": device.type == "cuda",
+        "worker_init_fn": one_thread_worker if cfg.data.num_workers > 0 else None,
     }
     train = DataLoader(
         train_set,
