@@ -130,7 +130,8 @@ def match_template(
     if _flat(template) or _flat(b):
         return None
     m = cv2.matchTemplate(b, template, cv2.TM_CCOEFF_NORMED)
-    m = np.nan_to_num(m, nan=-1.0, posinf=-1.0, neginf=-1.0)
+    if not np.isfinite(m).all():  # rare (flat stretches): a check costs a tenth of the fix
+        m = np.nan_to_num(m, nan=-1.0, posinf=-1.0, neginf=-1.0)
     _, peak, _, (x, y) = cv2.minMaxLoc(m)
     fx, fy = _parabola(m, x, y)
     return fx - r, fy - r, float(peak), float(m[r, r])
@@ -187,21 +188,48 @@ def grey_context_shift(
     """:func:`context_shift` of float32 grey windows ``[S, S]`` (:func:`luma` of the RGB ones,
     which a caller measuring many windows of one image converts once); ``shape`` names the
     windows' size in its message when they are too small."""
-    import cv2
-
     check_pair(a, b, "windows")
     shape = a.shape if shape is None else shape
     factor = max(int(factor), 1)
-    left = factor
-    while left > 1:  # halvings: two cost a third of one area average by 4 (the same mean)
+    return reduced_context_shift(reduce(a, factor), reduce(b, factor), search, factor, shape)
+
+
+def reduce(image: np.ndarray, factor: int) -> np.ndarray:
+    """A float32 grey image averaged down by ``factor`` (OpenCV's area average): in halvings
+    where the factor is a power of two (two cost a third of one average by 4, the same mean)."""
+    import cv2
+
+    left = max(int(factor), 1)
+    while left > 1:
         step = 2 if left % 2 == 0 else left
-        size = (a.shape[1] // step, a.shape[0] // step)
-        a = cv2.resize(a, size, interpolation=cv2.INTER_AREA)
-        b = cv2.resize(b, size, interpolation=cv2.INTER_AREA)
+        size = (image.shape[1] // step, image.shape[0] // step)
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
         left //= step
-    if CONTEXT_BLUR > 0:
-        a = cv2.GaussianBlur(a, (0, 0), CONTEXT_BLUR)
-        b = cv2.GaussianBlur(b, (0, 0), CONTEXT_BLUR)
+    return image
+
+
+def context_blur(image: np.ndarray) -> np.ndarray:
+    """The Gaussian blur (sigma :data:`CONTEXT_BLUR`) matching applies to averaged windows."""
+    import cv2
+
+    return cv2.GaussianBlur(image, (0, 0), CONTEXT_BLUR) if CONTEXT_BLUR > 0 else image
+
+
+def reduced_context_shift(
+    a: np.ndarray,
+    b: np.ndarray,
+    search: int = CONTEXT_SEARCH,
+    factor: int = CONTEXT_FACTOR,
+    shape: tuple[int, ...] | None = None,
+    blurred: bool = False,
+) -> ChipShift:
+    """:func:`grey_context_shift` of windows already averaged down by ``factor`` (cut from an
+    image :func:`reduce` averaged once for many windows), and already blurred by
+    :func:`context_blur` where ``blurred``; shifts in pixels before the average."""
+    shape = a.shape if shape is None else shape
+    factor = max(int(factor), 1)
+    if not blurred:
+        a, b = context_blur(a), context_blur(b)
     r = max(1, int(search) // factor)
     if min(a.shape) <= 2 * r + 4:
         raise ValueError(f"windows of {shape} px are too small for a {search} px search")

@@ -39,10 +39,13 @@ from data_prep.registration import (
     CONTEXT_MIN_NCC,
     ChipShift,
     check_pair,
+    context_blur,
     context_shift,
     gray,
     grey_context_shift,
     match_template,
+    reduce,
+    reduced_context_shift,
 )
 from data_prep.windows import ChipWindow, crop_boundless, window_overlap
 
@@ -194,8 +197,10 @@ class ReadContext:
     pixels outside ``valid`` gets its fill (the mean colour of its valid pixels, as
     :func:`context_residual`) in grey, and buildings whose windows coincide share one match.
 
-    Each window is first matched at :data:`COARSE_FACTOR`; where that match settles that the
-    shift is clearly under ``limit`` (see :data:`COARSE_FACTOR`) its value is returned, otherwise
+    Each window is first matched at :data:`COARSE_FACTOR` (a window inside valid imagery is cut
+    from grey images averaged down once for the whole read, snapped to the nearest multiple of the
+    factor); where that match settles that the shift is clearly under ``limit`` (see
+    :data:`COARSE_FACTOR`) its value is returned, otherwise
     the value of :func:`image_context_residual` of the same arguments, bit for bit (the same
     window, fill and grey pixels go into the same match). So every value over ``limit`` minus
     :data:`COARSE_MARGIN_PX`, and every NaN, is :func:`image_context_residual`'s, and a value
@@ -230,6 +235,7 @@ class ReadContext:
         self.post_grey = cv2.cvtColor(np.ascontiguousarray(post_img), cv2.COLOR_RGB2GRAY)
         self._done: dict[tuple[int, int, int], float] = {}
         self._bufs: tuple[np.ndarray, np.ndarray] | None = None
+        self._coarse: tuple[np.ndarray, np.ndarray] | None = None
 
     def residual(self, centre: tuple[float, float], side: int = 0) -> float:
         """:func:`image_context_residual` ``(pre_img, post_img, centre, side, valid)``."""
@@ -245,10 +251,13 @@ class ReadContext:
         if c >= 0 and r >= 0 and c + n <= width and r + n <= height:
             inside = (slice(r, r + n), slice(c, c + n))
             if self.valid is None or self.valid[inside].all():  # no fill: the pixels as they are
+                coarse = self._coarse_shift(c, r, n)
+                if coarse is not None:
+                    return coarse
                 a, b = self._buffers(n)
                 np.copyto(a, self.pre_grey[inside], casting="unsafe")
                 np.copyto(b, self.post_grey[inside], casting="unsafe")
-                return self._shift(a, b, n)
+                return self._shift(a, b, n, coarse=False)
         if self.valid is not None:
             mask = crop_boundless(self.valid, w)  # False past the edges
         else:
@@ -272,10 +281,38 @@ class ReadContext:
             self._bufs = (np.empty((n, n), np.float32), np.empty((n, n), np.float32))
         return self._bufs
 
-    def _shift(self, a: np.ndarray, b: np.ndarray, side: int) -> float:
-        if self.limit is not None:
+    def _coarse_shift(self, c: int, r: int, n: int) -> float | None:
+        """The coarse match of the window at ``(c, r)`` of side ``n`` where it settles the
+        building (see :meth:`_shift`), cut from the grey images averaged down and blurred once
+        for the whole read: the window snapped to the nearest multiple of :data:`COARSE_FACTOR`
+        pixels (at most 2 px away), whose averaged pixels are those of the window averaged on
+        its own (the blur near its edges sees the imagery beyond them, not a reflection). None
+        where it does not settle, or without a limit."""
+        if self.limit is None:
+            return None
+        f = COARSE_FACTOR
+        if self._coarse is None:
+            height, width = (v - v % f for v in self.shape)
+            self._coarse = tuple(
+                context_blur(reduce(grey[:height, :width].astype(np.float32), f))
+                for grey in (self.pre_grey, self.post_grey)
+            )
+        qc, qr, qn = int(round(c / f)), int(round(r / f)), n // f
+        q_pre, q_post = self._coarse
+        if qc + qn > q_pre.shape[1] or qr + qn > q_pre.shape[0]:
+            return None
+        cut = (slice(qr, qr + qn), slice(qc, qc + qn))
+        s = reduced_context_shift(q_pre[cut], q_post[cut], factor=f, shape=(n, n), blurred=True)
+        return s.length if self._settles(s) else None
+
+    def _settles(self, s: ChipShift) -> bool:
+        """Whether a coarse match settles that the building is not misaligned."""
+        return s.inside and s.ncc >= COARSE_MIN_NCC and s.length <= self.limit - COARSE_MARGIN_PX
+
+    def _shift(self, a: np.ndarray, b: np.ndarray, side: int, coarse: bool = True) -> float:
+        if self.limit is not None and coarse:
             s = grey_context_shift(a, b, factor=COARSE_FACTOR, shape=(side, side))
-            if s.inside and s.ncc >= COARSE_MIN_NCC and s.length <= self.limit - COARSE_MARGIN_PX:
+            if self._settles(s):
                 return s.length
         s = grey_context_shift(a, b, shape=(side, side))
         return s.length if s.inside and s.ncc >= CONTEXT_MIN_NCC else math.nan
