@@ -64,6 +64,8 @@ DEFAULT_CHIPS = (2_000, 200_000)
 LOADER_GOAL = 3.0
 #: Most timed training steps (and loop steps) per store.
 MAX_STEPS = 8
+#: Fewest batches a store must give: the warm-up, one timed batch and two loop steps.
+MIN_BATCHES = 4
 #: Seconds between two memory samples.
 SAMPLE_S = 0.1
 
@@ -419,9 +421,16 @@ def run_scale(args: argparse.Namespace) -> int:
     from local_damage.train.config import Config
 
     try:  # a bad override is refused before any store is made
-        load_yaml(Config, config, args.overrides)
+        batch = load_yaml(Config, config, args.overrides).train.batch_size
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if min(sizes) < MIN_BATCHES * batch:  # the warm-up, a timed batch and the loop's two steps
+        print(
+            f"error: --chips {min(sizes)} gives fewer than {MIN_BATCHES} batches of "
+            f"{batch} chips; measure stores of at least {MIN_BATCHES * batch} chips",
+            file=sys.stderr,
+        )
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-train-scale-") as tmp:
         root = Path(args.dir) if args.dir else Path(tmp)

@@ -101,6 +101,8 @@ def test_bench_train_chips_overrides_and_one_pass(sim_root, capsys):
     assert 1 <= row["timed_batches"] <= 200 // 8 - 1 - MAX_STEPS
     assert run_cli(*argv, "--set", "model.no_such_key=1") == 2
     assert "no_such_key" in capsys.readouterr().err
+    assert run_cli("bench", "train", "--chips", "40", "--dir", sim_root) == 2  # 2 batches of 16
+    assert "at least 64 chips" in capsys.readouterr().err
 
 
 class _OpenCVThreads:
