@@ -10,7 +10,9 @@ saw its tile) and computes from it, per fold and pooled:
   reports; pooled: every out-of-fold prediction scored at once), and one row per event;
 - **false alarms on intact tiles**: an *intact tile* is one whose labelled buildings are all
   no-damage; the share of its buildings graded anything else (and the count graded destroyed);
-- **ECE** (15 bins, top label) of the probabilities on each fold, and on its intact tiles.
+- **ECE** (15 bins, top label) of the probabilities on each fold, and on its intact tiles;
+- **calibration fitted on the out-of-fold predictions**, cross-fitted fold by fold, and whether
+  any map may ship (:mod:`local_damage.experiments.oof_calibration`).
 
 ``cv_table.md`` lays these out per method (:func:`protocol_table`).
 """
@@ -25,6 +27,7 @@ import numpy as np
 
 from data_prep.store import atomic_path, read_manifest
 from local_damage.evaluation.evaluate import PREDICTIONS_CSV
+from local_damage.experiments.oof_calibration import calibration_study, calibration_table
 from local_damage.metrics import classification_metrics
 from local_damage.metrics.calibration import expected_calibration_error
 
@@ -133,6 +136,8 @@ def protocol_summary(
         ``{"folds": {fold: fold_figures}, "over_folds": {key: {"mean", "min", "max"}} for
         accuracy, macro_f1, ece, ece_intact, false_alarm_share and f1_<class>, "pooled":
         fold_figures of every out-of-fold prediction, "per_event": {event: scores} pooled,
+        "calibration": maps fitted on the out-of-fold predictions, cross-fitted by fold, and the
+        one that ships (:func:`local_damage.experiments.oof_calibration.calibration_study`),
         "oof": the CSV path}``; None without folds.
     """
     import pandas as pd
@@ -166,6 +171,7 @@ def protocol_summary(
         "over_folds": over,
         "pooled": fold_figures(pooled, class_names),
         "per_event": per_event,
+        "calibration": calibration_study(pooled, class_names),
         "oof": str(path),
     }
 
@@ -292,6 +298,12 @@ def protocol_table(methods: Sequence[dict[str, Any]], class_names: Sequence[str]
                 ]
             )
     lines += _md(header, rows)
+    studies = [(m["name"], (m.get("protocol") or {}).get("calibration")) for m in methods]
+    if any(study for _, study in studies):
+        lines += ["## Calibration fitted on out-of-fold predictions", ""]
+        for name, study in studies:
+            if study:
+                lines += calibration_table(name, study)
     return "\n".join(lines)
 
 
