@@ -30,6 +30,7 @@ from cli.options import (
     resolve_max_pixels,
 )
 from runtime.contract import ModelError
+from runtime.grading import check_cost
 from runtime.localizer import load_localizer
 from runtime.predictor import TTA_VIEWS, Predictor
 from runtime.registry import default_localizer, default_model, default_models_dir
@@ -89,8 +90,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "infer, flags, outputs, ...) and print the seconds per stage after the summary "
         '(with --json: under "stages")',
     )
+    parser.add_argument(
+        "--false-alarm-cost",
+        type=_cost,
+        default=1.0,
+        metavar="C",
+        help="grade a building damaged only where that grade is at least C times as probable "
+        "as no-damage: the grade of least expected cost when calling an intact building "
+        "damaged costs C times any other mistake (default 1: the most probable grade; the "
+        "probabilities are unchanged; what each C costs in missed damage: docs/scoring.md)",
+    )
     max_pixels_argument(parser)
     align_argument(parser)
+
+
+def _cost(text: str) -> float:
+    try:
+        return check_cost(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _map_argument(parser: argparse.ArgumentParser, metavar: str | None, where: str) -> None:
@@ -158,6 +176,7 @@ def _options(args: argparse.Namespace, max_pixels: int) -> ScoreOptions:
         align=args.align,
         progress=not args.quiet,
         profile=args.profile,
+        false_alarm_cost=args.false_alarm_cost,
     )
 
 

@@ -686,3 +686,40 @@ def test_peak_memory_does_not_grow_with_scene_size(tmp_path, score_model):
         frame = gpd.read_file(tmp_path / f"large{size}.gpkg")
         assert len(frame) == n and (frame["status"] == "scored").all(), size
         assert 100 < peak < 4096, results
+
+
+def test_false_alarm_cost_moves_grades_not_probabilities(
+    tmp_path, scene_scored, synthetic_scene, score_model, predictor
+):
+    """`score --false-alarm-cost C`: the same probabilities, each grade the one of least expected
+    cost (runtime.grading), and the GeoPackage says which rule gave them."""
+    import geopandas as gpd
+    import pyogrio
+
+    from app.scoring.common import GRADES_KEY, probability_columns
+    from runtime.grading import grades
+
+    plain = gpd.read_file(scene_scored / "scene.geojson")
+    cols = probability_columns(predictor.class_names)
+    scored = (plain["status"] == "scored").to_numpy()
+    p = plain.loc[scored, cols].to_numpy(float)
+    damaged = p.argmax(axis=1) > 0
+    assert damaged.sum() >= 2, "the tiny model grades too few buildings damaged to test the rule"
+    ratio = np.sort(np.delete(p[damaged], 0, axis=1).max(axis=1) / p[damaged, 0])
+    cost = float(np.sqrt(ratio[0] * ratio[-1])) if ratio[0] < ratio[-1] else float(ratio[0] * 2)
+    s = synthetic_scene
+    out = tmp_path / "costly.gpkg"
+    argv = ["score", "--pre", *s.pre, "--post", *s.post, "--buildings", s.buildings]
+    argv += ["--model", score_model, "--out", out, "--block-size", "200", "--quiet"]
+    assert run_cli(*argv, "--false-alarm-cost", f"{cost:.6g}") == 0
+    costly = gpd.read_file(out).to_crs(4326)
+    assert list(costly["status"]) == list(plain["status"])
+    assert np.allclose(costly.loc[scored, cols].to_numpy(float), p, atol=1e-6)
+    want = grades(p, predictor.class_names, float(f"{cost:.6g}"))
+    assert list(costly.loc[scored, "damage_id"]) == list(want)
+    assert (want != p.argmax(axis=1)).any() and (want == 0).sum() > (p.argmax(axis=1) == 0).sum()
+    meta = pyogrio.read_info(out)["layer_metadata"]
+    assert json.loads(meta[GRADES_KEY])["false_alarm_cost"] == pytest.approx(cost, rel=1e-5)
+    assert GRADES_KEY not in (
+        pyogrio.read_info(scene_scored / "scene.geojson").get("layer_metadata") or {}
+    )

@@ -33,6 +33,7 @@ from data_prep.report import Skipped
 from data_prep.timing import StageTimes, stage_table
 from runtime.flags import BLANK as BLANK_FLAG
 from runtime.flags import Flagger, flags_text
+from runtime.grading import check_cost, grades, rule_text
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -54,6 +55,8 @@ GDAL_CACHE_MB = 16
 ALIGNMENT_KEY = "local_damage_alignment"
 #: Output metadata key of the order check, written only when pre and post look exchanged.
 ORDER_KEY = "local_damage_order"
+#: Output metadata key of the grade rule, written only when grades are not the most probable ones.
+GRADES_KEY = "local_damage_grades"
 #: The stages of a scoring run, in the order they happen (:attr:`ScoreReport.stages`).
 STAGES = ("open", "align", "plan", "read", "cut", "context", "infer", "flags", "order", "outputs")
 
@@ -73,6 +76,8 @@ class ScoreOptions:
         progress: show progress bars.
         profile: keep the seconds of every stage in the report (:attr:`ScoreReport.stages`),
             which its summary and its dict then show.
+        false_alarm_cost: a damaged grade only where at least this many times as probable as
+            no-damage (:mod:`runtime.grading`; 1: the most probable grade).
     """
 
     batch_size: int = 32
@@ -81,6 +86,10 @@ class ScoreOptions:
     align: str = "auto"
     progress: bool = True
     profile: bool = False
+    false_alarm_cost: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_cost(self.false_alarm_cost)
 
 
 @contextmanager
@@ -121,6 +130,8 @@ class ScoreReport:
         stages: seconds per stage of the run (``open``, ``align``, ``plan``, ``read``, ``cut``,
             ``context``, ``infer``, ``flags``, ``order``, ``outputs``), only when asked for
             (:attr:`ScoreOptions.profile`); empty otherwise.
+        grade_rule: ``{"false_alarm_cost", "rule"}`` when grades were not the most probable
+            ones (:func:`grade_rule`); None otherwise.
     """
 
     scene: str
@@ -138,6 +149,7 @@ class ScoreReport:
     order: dict | None = None
     order_warning: str = ""
     stages: dict[str, float] = field(default_factory=dict)
+    grade_rule: dict | None = None
 
     @property
     def scored(self) -> int:
@@ -166,6 +178,8 @@ class ScoreReport:
         }
         if self.stages:
             out["stages"] = dict(self.stages)
+        if self.grade_rule:
+            out["grade_rule"] = dict(self.grade_rule)
         return out
 
     def summary(self) -> str:
@@ -176,6 +190,8 @@ class ScoreReport:
             "per class: " + ", ".join(f"{n} {self.per_class.get(n, 0)}" for n in self.class_names),
         ]
         lines[1:1] = self.notes
+        if self.grade_rule:
+            lines.insert(1, f"grades: {self.grade_rule['rule']}")
         if self.detected is not None:
             lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
         if self.order_warning:
@@ -192,6 +208,15 @@ class ScoreReport:
             lines.append(f"stages of the {self.seconds:.2f} s:")
             lines.extend(stage_table(self.stages, self.seconds, self.buildings, order=STAGES))
         return "\n".join(lines)
+
+
+def grade_rule(false_alarm_cost: float) -> dict | None:
+    """What a report and the outputs record of the grade rule: None for the most probable
+    grade, else ``{"false_alarm_cost", "rule"}``."""
+    cost = check_cost(false_alarm_cost)
+    if cost == 1.0:
+        return None
+    return {"false_alarm_cost": cost, "rule": rule_text(cost)}
 
 
 def probability_columns(class_names: Sequence[str]) -> list[str]:
@@ -229,6 +254,14 @@ class Scores:
         self.flags = np.full(n, "", dtype=object)
         # where the buildings came from: given or detected (app.scoring.detect)
         self.source = source
+
+    def most_probable(self) -> np.ndarray:
+        """The most probable class id of every scored feature (-1 unscored), whatever grade
+        rule gave :attr:`class_id`: the order check compares like with like."""
+        scored = self.class_id >= 0
+        out = np.full(len(self.class_id), -1, dtype=np.int64)
+        out[scored] = self.probs[scored].argmax(axis=1)
+        return out
 
     def skip(self, row: int, reason: str) -> None:
         """Mark a building not scored for ``reason``; a blank chip is also flagged ``blank``."""
@@ -269,10 +302,12 @@ class Batcher:
         scores: Scores,
         batch_size: int,
         timer: StageTimes | None = None,
+        false_alarm_cost: float = 1.0,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.predictor, self.scores, self.batch_size = predictor, scores, batch_size
+        self.false_alarm_cost = check_cost(false_alarm_cost)
         self.timer = timer if timer is not None else StageTimes()
         self.flagger = Flagger(predictor.metadata)
         self.rows: list[int] = []
@@ -305,7 +340,9 @@ class Batcher:
             probs = np.asarray(pred.probabilities, dtype=np.float64)
             rows = np.asarray(self.rows)
             self.scores.probs[rows] = probs
-            self.scores.class_id[rows] = probs.argmax(axis=1)
+            self.scores.class_id[rows] = grades(
+                probs, self.predictor.class_names, self.false_alarm_cost
+            )
             self.scores.status[rows] = SCORED
         with self.timer.stage("flags"):
             flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
@@ -395,6 +432,8 @@ def _model_metadata(predictor: Predictor, report: ScoreReport | None = None) -> 
         out[ALIGNMENT_KEY] = json.dumps(report.alignment, sort_keys=True)
     if report is not None and report.order_warning:
         out[ORDER_KEY] = json.dumps(report.order, sort_keys=True)
+    if report is not None and report.grade_rule:
+        out[GRADES_KEY] = json.dumps(report.grade_rule, sort_keys=True)
     return out
 
 
@@ -405,6 +444,8 @@ def _members(report: ScoreReport) -> dict | None:
         members[ALIGNMENT_KEY] = report.alignment
     if report.order_warning:
         members[ORDER_KEY] = report.order
+    if report.grade_rule:
+        members[GRADES_KEY] = report.grade_rule
     return members or None
 
 

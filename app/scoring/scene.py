@@ -48,6 +48,7 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    grade_rule,
     record_order,
     report_counts,
     to_crs,
@@ -164,7 +165,9 @@ def score_scene(
         webmap.check_map_path(web_map)
     name = name or Path(buildings).stem
     class_names = tuple(predictor.class_names)
-    report = ScoreReport(scene=name, class_names=class_names)
+    report = ScoreReport(
+        scene=name, class_names=class_names, grade_rule=grade_rule(options.false_alarm_cost)
+    )
     timer = StageTimes()
     with bounded_gdal_cache(), open_scene(pre, post, options.max_pixels) as scene:
         footprints = load_footprints(buildings, scene.grid.crs)
@@ -192,7 +195,7 @@ def score_scene(
             report.skipped.append(Skipped(f"{named} {uid}", reason))
         timer.add("open", time.perf_counter() - t)
 
-        batcher = Batcher(predictor, scores, options.batch_size, timer)
+        batcher = Batcher(predictor, scores, options.batch_size, timer, options.false_alarm_cost)
         for b in iter_building_chips(
             scene,
             footprints,
@@ -215,7 +218,7 @@ def score_scene(
         report_counts(report, scores)
         with timer.stage("order"):
             order = check_order(
-                pre, post, predictor, batcher.sample, scores.class_id, options.batch_size
+                pre, post, predictor, batcher.sample, scores.most_probable(), options.batch_size
             )
         record_order(report, order)
 

@@ -30,6 +30,7 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    grade_rule,
     image_georef,
     record_order,
     report_counts,
@@ -146,7 +147,9 @@ def score_xbd(
     labels = Path(labels)
     name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
     class_names = tuple(predictor.class_names)
-    report = ScoreReport(scene=name, class_names=class_names)
+    report = ScoreReport(
+        scene=name, class_names=class_names, grade_rule=grade_rule(options.false_alarm_cost)
+    )
     if not labels.is_file():
         raise SceneError(labels, not_found(labels, "label file not found"))
     parsed = PrepareReport()
@@ -189,7 +192,9 @@ def score_xbd(
     reasons = {s.item.replace(f"{labels} building", named, 1): s.reason for s in parsed.skipped}
     used: set[str] = set()
     spec = predictor.spec
-    batcher = Batcher(predictor, scores, options.batch_size)
+    batcher = Batcher(
+        predictor, scores, options.batch_size, false_alarm_cost=options.false_alarm_cost
+    )
     for row, feat in enumerate(
         tqdm(features, desc="buildings", unit="bldg", disable=None if options.progress else True)
     ):
@@ -222,7 +227,7 @@ def score_xbd(
     batcher.flush()
     report_counts(report, scores)
     order = check_order(
-        [pre], [post], predictor, batcher.sample, scores.class_id, options.batch_size
+        [pre], [post], predictor, batcher.sample, scores.most_probable(), options.batch_size
     )
     record_order(report, order)
 

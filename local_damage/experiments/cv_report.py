@@ -27,6 +27,7 @@ import numpy as np
 
 from data_prep.store import atomic_path, read_manifest
 from local_damage.evaluation.evaluate import PREDICTIONS_CSV
+from local_damage.experiments.cost_rule import cost_curve, cost_table
 from local_damage.experiments.oof_calibration import calibration_study, calibration_table
 from local_damage.metrics import classification_metrics
 from local_damage.metrics.calibration import expected_calibration_error
@@ -138,6 +139,8 @@ def protocol_summary(
         fold_figures of every out-of-fold prediction, "per_event": {event: scores} pooled,
         "calibration": maps fitted on the out-of-fold predictions, cross-fitted by fold, and the
         one that ships (:func:`local_damage.experiments.oof_calibration.calibration_study`),
+        "false_alarm_cost": intact false alarms and macro-F1 per false-alarm cost
+        (:func:`local_damage.experiments.cost_rule.cost_curve`),
         "oof": the CSV path}``; None without folds.
     """
     import pandas as pd
@@ -172,6 +175,7 @@ def protocol_summary(
         "pooled": fold_figures(pooled, class_names),
         "per_event": per_event,
         "calibration": calibration_study(pooled, class_names),
+        "false_alarm_cost": cost_curve(pooled, class_names),
         "oof": str(path),
     }
 
@@ -298,6 +302,12 @@ def protocol_table(methods: Sequence[dict[str, Any]], class_names: Sequence[str]
                 ]
             )
     lines += _md(header, rows)
+    curves = [(m["name"], (m.get("protocol") or {}).get("false_alarm_cost")) for m in methods]
+    if any(rows for _, rows in curves):
+        lines += ["## Intact buildings called damaged against the false-alarm cost", ""]
+        for name, rows in curves:
+            if rows:
+                lines += cost_table(name, rows)
     studies = [(m["name"], (m.get("protocol") or {}).get("calibration")) for m in methods]
     if any(study for _, study in studies):
         lines += ["## Calibration fitted on out-of-fold predictions", ""]

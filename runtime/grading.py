@@ -1,0 +1,71 @@
+"""Grades from class probabilities, weighing the cost of a false alarm (no torch).
+
+By default a building gets its most probable grade. A responder for whom calling an intact
+building damaged costs more than missing a damaged one sets a *false-alarm cost* ``c``: a damaged
+grade is then given only where it is at least ``c`` times as probable as no-damage (the most
+probable damaged grade, where several are), else no-damage. This is the grade of least expected
+cost when a false alarm costs ``c`` and every other mistake costs 1: calling damage grade ``k``
+costs ``c * p(no-damage) + (1 - p(no-damage) - p(k))`` in expectation and calling no-damage
+``1 - p(no-damage)``. ``c = 1`` is the most probable grade; ``c < 1`` leans the other way (a
+missed damaged building costs more). Probabilities stay as they are: only the grade moves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+#: The class a false alarm is called against.
+NO_DAMAGE = "no-damage"
+
+
+def check_cost(cost: float) -> float:
+    """``cost`` as a float when it is a positive finite number.
+
+    Raises:
+        ValueError: otherwise, saying what it takes.
+    """
+    valid = isinstance(cost, (int, float)) and not isinstance(cost, bool)
+    if not valid or not math.isfinite(cost) or cost <= 0:
+        raise ValueError(
+            f"the false-alarm cost must be a positive number (1: the most probable grade; 3: a "
+            f"damaged grade only where at least 3 times as probable as no-damage), got {cost!r}"
+        )
+    return float(cost)
+
+
+def grades(
+    probabilities: ArrayLike, class_names: Sequence[str], false_alarm_cost: float = 1.0
+) -> np.ndarray:
+    """Class ids ``[N]`` of ``probabilities`` ``[N, K]`` under a false-alarm cost (module doc).
+
+    Raises:
+        ValueError: a cost that is not a positive number, or a cost other than 1 for a model
+            without a ``no-damage`` class.
+    """
+    p = np.asarray(probabilities, dtype=np.float64)
+    cost = check_cost(false_alarm_cost)
+    if cost == 1.0 or len(p) == 0:
+        return p.argmax(axis=1) if p.ndim == 2 else np.zeros(0, dtype=np.int64)
+    if NO_DAMAGE not in class_names:
+        raise ValueError(
+            f"a false-alarm cost needs a {NO_DAMAGE!r} class; this model's classes are "
+            f"{', '.join(class_names)}"
+        )
+    nd = list(class_names).index(NO_DAMAGE)
+    damaged = p.copy()
+    damaged[:, nd] = -np.inf
+    best = damaged.argmax(axis=1)
+    rows = np.arange(len(p))
+    return np.where(p[rows, best] > cost * p[:, nd], best, nd)
+
+
+def rule_text(false_alarm_cost: float) -> str:
+    """One line saying how grades were given."""
+    cost = check_cost(false_alarm_cost)
+    if cost == 1.0:
+        return "the most probable grade"
+    return f"a damaged grade only where at least {cost:g} times as probable as no-damage"
