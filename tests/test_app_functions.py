@@ -389,3 +389,32 @@ def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):
         on_assess_tile(ctx, model, pre, None, label)
     with pytest.raises(AppError, match="assess a tile first"):
         on_chips(ctx, None, model, 0)
+
+
+def test_false_alarm_cost_in_the_app(score_model, xbd_tile, tile_result, tmp_path):
+    """The Tile tab's false-alarm cost: grades moved towards no-damage by the rule of
+    runtime.grading, the probabilities kept, the summary saying so; a bad cost is refused."""
+    from app.web.callbacks import AppContext, on_assess_tile
+    from app.web.model_picker import ModelCache
+    from app.web.sessions import AppError
+    from runtime.grading import grades
+
+    pre, post, label = (str(p) for p in xbd_tile[:3])
+    model = str(score_model.resolve())
+    ctx = AppContext(ModelCache([model]), tmp_path / "work")
+    plain = [r for r in tile_result.rows if r.get("status") == "scored"]
+    names = list(tile_result.class_names)
+    cols = [c for c in plain[0] if c.startswith("p_")]
+    p = np.array([[r[c] for c in cols] for r in plain], dtype=float)
+    assert (p.argmax(axis=1) > 0).any(), "the tiny model grades no building damaged here"
+    cost = 1e6
+    _, summary, table, _, _ = on_assess_tile(ctx, model, pre, post, label, cost)
+    assert "Grades: a damaged grade only where at least 1e+06 times" in summary
+    scored = table[table["status"] == "scored"]
+    assert np.allclose(scored[cols].to_numpy(float), p, atol=1e-6)
+    want = [names[i] for i in grades(p, names, cost)]
+    assert list(scored["damage"]) == want and set(want) == {"no-damage"}
+    _, summary1, _, _, _ = on_assess_tile(ctx, model, pre, post, label, 1)
+    assert "Grades:" not in summary1
+    with pytest.raises(AppError, match="false-alarm cost must be a positive number"):
+        on_assess_tile(ctx, model, pre, post, label, 0)

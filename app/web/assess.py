@@ -242,6 +242,8 @@ class TileResult:
         model: the model file's stem.
         warning: what the analyst should check first (pre and post that look exchanged:
             :mod:`app.scoring.order`); empty when nothing.
+        grades: how the grades were given when not the most probable (a false-alarm cost:
+            :func:`runtime.grading.rule_text`); empty otherwise.
     """
 
     session: Path
@@ -257,6 +259,7 @@ class TileResult:
     model: str = ""
     warning: str = ""
     web_map: Path | None = None
+    grades: str = ""
 
     @property
     def buildings(self) -> int:
@@ -278,6 +281,8 @@ class TileResult:
         flagged = sum(1 for row in self.rows if row.get("flags"))
         if flagged:
             lines += [f"| flagged: check (see the flags column) | {flagged} |"]
+        if self.grades:
+            lines[1:1] = ["", f"Grades: {self.grades}."]
         if self.warning:
             lines[1:1] = ["", f"**Warning**: {self.warning.removeprefix('warning: ')}"]
         return "\n".join(lines)
@@ -341,6 +346,7 @@ def assess_tile(
     max_pixels: int | None = None,
     localizer=None,
     source: str = "given",
+    false_alarm_cost: float = 1.0,
 ) -> TileResult:
     """Grade every building of one pre/post tile pair; write overlay, vectors and CSV.
 
@@ -357,6 +363,8 @@ def assess_tile(
         localizer: the :class:`runtime.localizer.Localizer` used when there are no footprints
             (:func:`app_localizer`).
         source: the output ``source`` of the buildings of ``footprints``.
+        false_alarm_cost: a damaged grade only where at least this many times as probable as
+            no-damage (:mod:`runtime.grading`; 1: the most probable grade).
 
     Returns:
         The :class:`TileResult`; ``out_dir/session.json`` records the inputs for
@@ -399,7 +407,10 @@ def assess_tile(
             score, images = score_scene, ([pre], [post])
         report = score(
             predictor, *images, footprints, vector, overlay=overlay, name=scene, source=source,
-            options=ScoreOptions(batch_size=batch_size, max_pixels=limit, progress=False),
+            options=ScoreOptions(
+                batch_size=batch_size, max_pixels=limit, progress=False,
+                false_alarm_cost=false_alarm_cost,
+            ),
             web_map=web_map,
         )  # fmt: skip
         if mode == "xbd" and report.buildings and report.not_covered == report.buildings:
@@ -451,6 +462,7 @@ def assess_tile(
         + (", buildings detected by the localiser" if source != "given" else ""),
         warning=report.order_warning,
         web_map=web_map,
+        grades=report.grade_rule["rule"] if report.grade_rule else "",
     )
 
 

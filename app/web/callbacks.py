@@ -33,6 +33,7 @@ from app.web.sessions import (
     set_event,
 )
 from app.web.tile_views import building_details, enlarge, map_frame, slider_images
+from runtime.grading import check_cost
 
 #: The heatmap's note when the model has a change map, and when it has none.
 HEATMAP_NOTE = (
@@ -107,15 +108,21 @@ def on_model(ctx: AppContext, path: str | None) -> str:
         return f"**Model not usable:** {exc}"
 
 
-def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints):
+def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_alarm_cost=1):
     """Grade every building of a pre/post tile pair (xBD label JSON, GeoJSON or GeoPackage
-    footprints); returns the overlay PNG, a Markdown summary, the building table, the
-    GeoJSON/CSV files and the session folder."""
+    footprints), a damaged grade only where at least ``false_alarm_cost`` times as probable as
+    no-damage (:mod:`runtime.grading`; empty: 1); returns the overlay PNG, a Markdown summary,
+    the building table, the GeoJSON/CSV files and the session folder."""
     import pandas as pd
 
     missing = [n for n, f in (("pre", pre), ("post", post)) if not f]
     if missing:
         raise AppError(f"upload the {', '.join(missing)} file(s) first")
+    cost = 1.0 if false_alarm_cost in (None, "") else float(false_alarm_cost)
+    try:
+        check_cost(cost)
+    except ValueError as exc:
+        raise AppError(str(exc)) from None
     predictor = ctx.models.get(model_path)
     result = assess_tile(
         predictor,
@@ -125,6 +132,7 @@ def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints):
         ctx.new_session(),
         max_pixels=ctx.max_pixels,
         localizer=None if footprints else app_localizer(ctx.models_dir),
+        false_alarm_cost=cost,
     )
     table = pd.DataFrame(result.rows)
     return (

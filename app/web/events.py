@@ -64,7 +64,7 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
     views = [tile.slider, tile.map]
     assessed = tile.assess.click(
         bind(cb.on_assess_tile, ctx),
-        [model, tile.pre, tile.post, tile.footprints],
+        [model, tile.pre, tile.post, tile.footprints, tile.cost],
         [tile.overlay, tile.summary, tile.table, tile.files, session],
         api_name="assess_tile",
     )

@@ -61,6 +61,7 @@ class TileTab:
             message and the corrections file.
         event, adapt, suggest, adapt_msg, suggestions: the event name, the Adapt and Suggest
             buttons, Adapt's report and the ranked buildings.
+        cost: the false-alarm cost of the grades (``gr.Number``; :mod:`runtime.grading`).
     """
 
     pre: Any
@@ -88,6 +89,7 @@ class TileTab:
     adapt_msg: Any
     suggestions: Any
     finetune: Any
+    cost: Any
 
 
 @dataclass
@@ -139,7 +141,18 @@ def tile_tab(examples: list[list[str]], finetune_note: str | None = None) -> Til
             label="Synthetic example tile (generated, not real imagery)",
         )
         gr.Markdown(SYNTHETIC_NOTE)
-        assess_btn = gr.Button("Assess", variant="primary", elem_id="assess-tile")
+        with gr.Row():
+            cost_in = gr.Number(
+                value=1,
+                minimum=0.01,
+                label="False-alarm cost",
+                info="Grade a building damaged only where that grade is at least this many "
+                "times as probable as no-damage (1: the most probable grade; 3 halves the intact "
+                "buildings called damaged: docs/scoring.md)",
+                elem_id="false-alarm-cost",
+                scale=1,
+            )
+            assess_btn = gr.Button("Assess", variant="primary", elem_id="assess-tile", scale=2)
         with gr.Row():
             overlay_out = gr.Image(
                 label="Post tile, buildings by predicted class",
@@ -250,6 +263,7 @@ def tile_tab(examples: list[list[str]], finetune_note: str | None = None) -> Til
         adapt_msg,
         suggest_out,
         finetune_in,
+        cost_in,
     )
 
 
