@@ -302,18 +302,20 @@ def protocol_table(methods: Sequence[dict[str, Any]], class_names: Sequence[str]
                 ]
             )
     lines += _md(header, rows)
-    curves = [(m["name"], (m.get("protocol") or {}).get("false_alarm_cost")) for m in methods]
-    if any(rows for _, rows in curves):
-        lines += ["## Intact buildings called damaged against the false-alarm cost", ""]
-        for name, rows in curves:
-            if rows:
-                lines += cost_table(name, rows)
-    studies = [(m["name"], (m.get("protocol") or {}).get("calibration")) for m in methods]
-    if any(study for _, study in studies):
-        lines += ["## Calibration fitted on out-of-fold predictions", ""]
-        for name, study in studies:
-            if study:
-                lines += calibration_table(name, study)
+    for key, title, table in (
+        (
+            "false_alarm_cost",
+            "Intact buildings called damaged against the false-alarm cost",
+            cost_table,
+        ),
+        ("calibration", "Calibration fitted on out-of-fold predictions", calibration_table),
+    ):
+        blocks = [(m["name"], (m.get("protocol") or {}).get(key)) for m in methods]
+        if any(block for _, block in blocks):
+            lines += [f"## {title}", ""]
+            for name, block in blocks:
+                if block:
+                    lines += table(name, block)
     return "\n".join(lines)
 
 
