@@ -138,3 +138,25 @@ def test_loader_workers_run_opencv_on_one_thread(sim_root):
     seen = DataLoader(_OpenCVThreads(), num_workers=1, worker_init_fn=one_thread_worker)
     assert [int(n) for n in seen] == [1, 1]
     assert cv2.getNumThreads() == before
+
+
+def _start_method() -> str:
+    import multiprocessing
+
+    return multiprocessing.get_start_method()
+
+
+def test_measuring_process_starts_loader_workers_as_train_does():
+    """`bench train --chips` measures in a process started by spawn; without resetting it, that
+    process's loader workers are spawned too (half to a fifth of the forked rate), where
+    `local-damage train` uses the platform's default."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from bench.train_scale import platform_start_method
+
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        assert pool.submit(_start_method).result() == "spawn"  # what the fix undoes
+    with ProcessPoolExecutor(1, mp_context=spawn, initializer=platform_start_method) as pool:
+        assert pool.submit(_start_method).result() == multiprocessing.get_all_start_methods()[0]
