@@ -418,3 +418,5 @@ def test_false_alarm_cost_in_the_app(score_model, xbd_tile, tile_result, tmp_pat
     assert "Grades:" not in summary1
     with pytest.raises(AppError, match="false-alarm cost must be a positive number"):
         on_assess_tile(ctx, model, pre, post, label, 0)
+    with pytest.raises(AppError, match="false-alarm cost 'three'"):
+        on_assess_tile(ctx, model, pre, post, label, "three")

@@ -118,11 +118,10 @@ def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_ala
     missing = [n for n, f in (("pre", pre), ("post", post)) if not f]
     if missing:
         raise AppError(f"upload the {', '.join(missing)} file(s) first")
-    cost = 1.0 if false_alarm_cost in (None, "") else float(false_alarm_cost)
     try:
-        check_cost(cost)
-    except ValueError as exc:
-        raise AppError(str(exc)) from None
+        cost = check_cost(1.0 if false_alarm_cost in (None, "") else float(false_alarm_cost))
+    except ValueError as exc:  # a cost that is no number, or not a positive one
+        raise AppError(f"false-alarm cost {false_alarm_cost!r}: {exc}") from None
     predictor = ctx.models.get(model_path)
     result = assess_tile(
         predictor,

@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from local_damage.metrics.calibration import expected_calibration_error
+from local_damage.metrics.calibration import (
+    expected_calibration_error,
+    negative_log_likelihood,
+)
 from runtime.calibration import CalibrationError, fit_temperature
 
 #: The maps tried, in report order.
@@ -43,9 +46,9 @@ RIDGE = 1e-3
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    from scipy.special import softmax
+
+    return softmax(z, axis=1)
 
 
 def _temperature(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -122,12 +125,11 @@ def _figures(p: np.ndarray, y: np.ndarray, folds: np.ndarray, intact: np.ndarray
         }
         for f in np.unique(folds)
     }
-    nll = -np.mean(np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)))
     return {
         "folds": per_fold,
         "ece": _ece(p, y, np.ones(len(y), bool)),
         "ece_intact": _ece(p, y, intact),
-        "nll": float(nll),
+        "nll": negative_log_likelihood(p, y),
     }
 
 
