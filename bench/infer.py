@@ -65,6 +65,11 @@ def synthetic_chips(
         chips = Path(tmp) / "chips"
         prepare_xbd([root], chips, progress=False)
         ids = read_manifest(chips)["chip_id"].tolist()
+        if len(ids) < n:  # preparation lists what failed; a short set would time the wrong thing
+            raise RuntimeError(
+                f"synthetic xBD set: {len(ids)} chip pairs prepared, {n} needed "
+                "(see the preparation errors above)"
+            )
         return load_chips(chips, ids, input_size)
 
 
@@ -88,6 +93,9 @@ def _eager(model, device: str) -> Callable[[np.ndarray, np.ndarray, int], np.nda
 
 
 def _onnx(path: Path, threads: int | None, providers: list[str]):
+    """``(run, where)``: a function grading chip pairs with an ONNX Runtime session over
+    ``path``, and ``CUDA`` or ``CPU``: the provider the session really took (ONNX Runtime falls
+    back to the CPU when the CUDA provider cannot start, e.g. without its CUDA libraries)."""
     from local_damage.export.parity import ort_outputs
 
     session = open_session(path, providers or CPU_ONLY, threads)[0]
@@ -95,7 +103,7 @@ def _onnx(path: Path, threads: int | None, providers: list[str]):
     def run(pre: np.ndarray, post: np.ndarray, batch_size: int) -> np.ndarray:
         return ort_outputs(session, pre, post, batch_size)[0]
 
-    return run
+    return run, "CUDA" if session.get_providers()[0] == "CUDAExecutionProvider" else "CPU"
 
 
 def bench_infer(
@@ -208,10 +216,10 @@ def bench_infer(
             ]
             for label, precision, path in variants:
                 for th in threads:
-                    fn = _onnx(path, th, providers or ["CPUExecutionProvider"])
+                    fn, where = _onnx(path, th, providers or ["CPUExecutionProvider"])
                     fn(pre[:batch_size], post[:batch_size], batch_size)  # warm-up
                     seconds, out = _best_time(lambda f=fn: f(pre, post, batch_size), repeat)
-                    name = f"ORT {label} ({'CUDA' if cuda else 'CPU'})"
+                    name = f"ORT {label} ({where})"
                     found.append(
                         _row(name, precision, th, len(pre) / seconds, base, out, ref, unique)
                     )
@@ -324,7 +332,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=list(DEFAULT_ENCODERS),
         metavar="NAME",
-        help="encoders of the random models (default resnet18 resnet50)",
+        help="encoders of the random models, by spaces or commas (default resnet18 resnet50)",
     )
     p.add_argument("--run", metavar="RUN", help="use this trained run's model and validation chips")
     p.add_argument(
@@ -358,7 +366,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 def _run_cli(args: argparse.Namespace) -> int:
     bench_infer(
-        encoders=args.encoders,
+        encoders=[e for text in args.encoders for e in text.split(",") if e],
         input_size=args.input_size,
         batch_size=args.batch_size,
         pairs=args.pairs,

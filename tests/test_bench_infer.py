@@ -120,3 +120,41 @@ def test_bench_infer_cli_errors(tmp_path, capsys):
     assert str(tmp_path) in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "infer", "--threads", "0"])
+
+
+def test_bench_infer_encoders_by_commas(capsys):
+    """`--encoders a,b` names two encoders (as `bench train --encoders` does), not one 'a,b'."""
+    from cli.main import main
+
+    args = ["bench", "infer", "--input-size", "32", "--pairs", "4", "--calibration", "4"]
+    assert main([*args, "--encoders", "nosuch,resnet18"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown encoder 'nosuch'" in err and "nosuch,resnet18" not in err
+
+
+def test_rows_name_the_provider_the_session_took(tmp_path):
+    """Asking for CUDA where ONNX Runtime cannot start it falls back to the CPU: the row says CPU."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bench.infer import _onnx
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, str(path))
+    import onnxruntime as ort
+    import torch
+
+    cuda_works = (
+        "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
+    )
+    _, where = _onnx(path, 1, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert where == ("CUDA" if cuda_works else "CPU")
+    assert _onnx(path, 1, ["CPUExecutionProvider"])[1] == "CPU"
