@@ -431,10 +431,36 @@ def estimate_scene_shift(
     return out
 
 
+def _block_reader(scene: Scene, cells: Sequence[tuple[int, int, int]]):
+    """``read(col, row, size)`` of the blocks ``cells``: one read of the box around them all,
+    cut into blocks, when that box holds no more pixels than the blocks together (a small scene:
+    its overlapping blocks cover it several times over, and each read costs a GDAL call, a warp
+    for post imagery on another grid); else a read per block.
+
+    On a tile read on its own grid the cut blocks are the very pixels of a read per block; a
+    warped read can differ by one grey level of resampling rounding between windows
+    (:meth:`data_prep.mosaic.Tile.read_warped`)."""
+    if len(cells) < 2:
+        return lambda col, row, size: scene.read_pair(col, row, size, size)
+    c0, r0 = min(c for c, _, _ in cells), min(r for _, r, _ in cells)
+    c1, r1 = max(c + s for c, _, s in cells), max(r + s for _, r, s in cells)
+    area = (c1 - c0) * (r1 - r0)
+    if area > sum(s * s for _, _, s in cells) or area > scene.max_pixels:
+        return lambda col, row, size: scene.read_pair(col, row, size, size)
+    whole = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
+
+    def cut(col: int, row: int, size: int):
+        y, x = row - r0, col - c0
+        return tuple(a[y : y + size, x : x + size] for a in whole)
+
+    return cut
+
+
 def _measure_blocks(scene: Scene, cells: Sequence[tuple[int, int, int]]) -> SceneShift:
     blocks, pairs = [], []
+    read = _block_reader(scene, cells)
     for col, row, size in cells:
-        pre, pre_valid, post, post_valid = scene.read_pair(col, row, size, size)
+        pre, pre_valid, post, post_valid = read(col, row, size)
         if (pre_valid & post_valid).mean() < BLOCK_COVERED:
             continue
         b = block_shift(pre, post)

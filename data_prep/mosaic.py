@@ -115,8 +115,11 @@ class Tile:
         """Warp the tile onto a window: uint8 [height, width, 3] RGB and bool [height, width] valid.
 
         One GDAL warp per call (``rasterio.warp.reproject`` from the open dataset, bilinear): only
-        the source pixels under the window are read, and a pixel's value does not depend on the
-        window it is read in (up to one grey level of resampling rounding).
+        the source pixels under the window are read. A pixel's value depends a little on the
+        window it is read in: GDAL approximates the transformation to within 0.125 source pixels
+        along each row of the window, which moves a grey value by up to one level on smooth
+        imagery and by more at sharp edges (17 levels on 3,409 pixels of one 128 px block of the
+        synthetic scene, read alone and inside the whole scene).
         """
         import rasterio
         from rasterio.enums import Resampling

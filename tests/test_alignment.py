@@ -341,3 +341,45 @@ def test_bench_alignment_on_the_default_chip_store(default_chips):
     assert ctx["cases"][1]["detected"] >= 0.95 > ctx["cases"][0]["detected"], ctx
     text = format_result(result)
     assert "false alarms" in text and "misregistered" in text
+
+
+def test_small_scene_blocks_are_cut_from_one_read(tmp_path):
+    """A scene smaller than its overlapping blocks together is read once and cut: on tiles read
+    on their own grid the blocks are the very pixels of a read per block, and the scene shift is
+    the same; blocks spread wider than they cover are read one by one."""
+    import rasterio
+    from rasterio.transform import from_origin
+
+    from data_prep.alignment import _block_reader, choose_blocks, estimate_scene_shift
+    from data_prep.mosaic import open_scene
+
+    texture = _texture(320)
+    paths = []
+    for name, image in (("pre", texture[:200]), ("post", _moved(texture, 3, -2)[:200])):
+        path = tmp_path / f"{name}.tif"
+        profile = dict(driver="GTiff", width=320, height=200, count=3, dtype="uint8")
+        profile.update(crs="EPSG:32615", transform=from_origin(500000, 4100000, 0.5, 0.5))
+        with rasterio.open(path, "w", **profile) as dst:
+            dst.write(image.transpose(2, 0, 1))
+        paths.append(path)
+    with open_scene([paths[0]], [paths[1]]) as scene:
+        cells = choose_blocks(scene)
+        assert len(cells) > 4
+        read = _block_reader(scene, cells)
+        got = [read(*cell) for cell in cells]
+        for (col, row, size), arrays in zip(cells, got, strict=True):
+            for a, b in zip(arrays, scene.read_pair(col, row, size, size), strict=True):
+                np.testing.assert_array_equal(a, b)
+        assert _root(got[0][0]) is _root(got[1][0])  # cut from one read
+        spread = [(0, 0, 64), (256, 136, 64)]
+        read = _block_reader(scene, spread)
+        assert _root(read(*spread[0])[0]) is not _root(read(*spread[1])[0])
+        shift = estimate_scene_shift(scene)
+    assert shift.confident and abs(shift.dx - 3) < 0.5 and abs(shift.dy + 2) < 0.5
+
+
+def _root(array: np.ndarray) -> np.ndarray:
+    """The array that owns the memory ``array`` views."""
+    while array.base is not None and isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
