@@ -505,3 +505,19 @@ def test_plot_embedding_tsne_small_and_subsampled(tmp_path):
     plot_embedding_tsne(z, y, ["a", "b"], tmp_path / "sub.png", title="subset", max_points=25)
     assert (tmp_path / "small.png").read_bytes()[:8] == PNG_MAGIC
     assert (tmp_path / "sub.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_macro_f1_over_present_classes_leaves_absent_ones_out():
+    from local_damage.metrics import classification_metrics, macro_f1_present, present_class_f1
+
+    names = ["no-damage", "minor-damage", "major-damage", "destroyed"]
+    labels = np.array([0, 0, 0, 3, 3])
+    preds = np.array([0, 0, 1, 3, 0])  # a minor-damage call where there is none: F1 0 if counted
+    f1 = present_class_f1(classification_metrics(labels, preds, names), labels, names)
+    assert f1["minor-damage"] is None and f1["major-damage"] is None
+    assert f1["no-damage"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))  # tp 2, fp 1, fn 1
+    assert f1["destroyed"] == pytest.approx(2 * 1 / (2 * 1 + 0 + 1))  # tp 1, fn 1
+    assert macro_f1_present(labels, preds, names) == pytest.approx(
+        (f1["no-damage"] + f1["destroyed"]) / 2
+    )
+    assert macro_f1_present(np.array([], int), np.array([], int), names) is None

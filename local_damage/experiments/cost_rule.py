@@ -14,18 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from local_damage.metrics import classification_metrics
+from local_damage.metrics import macro_f1_present
 from runtime.grading import grades
 
 #: The costs the table shows.
 COSTS = (1.0, 2.0, 3.0, 5.0, 10.0)
-
-
-def _macro_f1(labels: np.ndarray, preds: np.ndarray, class_names: Sequence[str]) -> float:
-    """Macro-F1 over the classes present among the labels (as the cross-validation's tables)."""
-    m = classification_metrics(labels, preds, list(class_names))
-    present = [class_names[i] for i in np.unique(labels)]
-    return float(np.mean([m["per_class"][n]["f1"] for n in present]))
 
 
 def cost_curve(
@@ -54,10 +47,10 @@ def cost_curve(
             {
                 "cost": float(cost),
                 "fold_macro_f1": {
-                    int(f): _macro_f1(y[folds == f], g[folds == f], class_names)
+                    int(f): macro_f1_present(y[folds == f], g[folds == f], class_names)
                     for f in np.unique(folds)
                 },
-                "macro_f1": _macro_f1(y, g, class_names),
+                "macro_f1": macro_f1_present(y, g, class_names),
                 "accuracy": float((g == y).mean()),
                 "intact": int(intact.sum()),
                 "intact_damaged": int((g[intact] > 0).sum()),

@@ -29,7 +29,7 @@ from data_prep.store import atomic_path, read_manifest
 from local_damage.evaluation.evaluate import PREDICTIONS_CSV
 from local_damage.experiments.cost_rule import cost_curve, cost_table
 from local_damage.experiments.oof_calibration import calibration_study, calibration_table
-from local_damage.metrics import classification_metrics
+from local_damage.metrics import classification_metrics, present_class_f1
 from local_damage.metrics.calibration import expected_calibration_error
 
 OOF_CSV = "oof_predictions.csv"
@@ -88,11 +88,7 @@ def scores(frame, class_names: Sequence[str]) -> dict[str, Any]:
     """Accuracy, macro-F1 over the classes present, per-class F1 (None when absent), support."""
     labels, preds = frame["label"].to_numpy(), frame["pred"].to_numpy()
     m = classification_metrics(labels, preds, list(class_names))
-    present = [i for i in range(len(class_names)) if (labels == i).any()]
-    f1 = {
-        name: (m["per_class"][name]["f1"] if i in present else None)
-        for i, name in enumerate(class_names)
-    }
+    f1 = present_class_f1(m, labels, class_names)
     values = [v for v in f1.values() if v is not None]
     return {
         "n": len(frame),

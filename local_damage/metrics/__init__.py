@@ -19,7 +19,9 @@ from local_damage.metrics.calibration import (
 from local_damage.metrics.classification import (
     classification_metrics,
     harmonic_mean,
+    macro_f1_present,
     plot_confusion_matrix,
+    present_class_f1,
 )
 from local_damage.metrics.representation import (
     class_alignment_consistency,
@@ -54,7 +56,9 @@ __all__ = [
     "gram_of_sums",
     "gram_summary",
     "harmonic_mean",
+    "macro_f1_present",
     "plot_confusion_matrix",
+    "present_class_f1",
     "plot_embedding_tsne",
     "representation_metrics",
     "sample_alignment_accuracy",

@@ -92,6 +92,32 @@ def classification_metrics(
     }
 
 
+def present_class_f1(
+    metrics: dict, labels: ArrayLike, class_names: Sequence[str]
+) -> dict[str, float | None]:
+    """Each class's F1 from :func:`classification_metrics` output, None for a class absent from
+    ``labels`` (its F1 would be 0 or undefined, and says nothing of the model)."""
+    present = set(np.unique(np.asarray(labels)).tolist())
+    return {
+        name: (metrics["per_class"][name]["f1"] if i in present else None)
+        for i, name in enumerate(class_names)
+    }
+
+
+def macro_f1_present(
+    labels: ArrayLike, preds: ArrayLike, class_names: Sequence[str]
+) -> float | None:
+    """Macro-F1 over the classes present among ``labels`` (as the cross-validation reports it);
+    None when there are no labels."""
+    if len(np.asarray(labels)) == 0:
+        return None
+    f1 = present_class_f1(
+        classification_metrics(labels, preds, list(class_names)), labels, class_names
+    )
+    values = [v for v in f1.values() if v is not None]
+    return float(np.mean(values)) if values else None
+
+
 def plot_confusion_matrix(
     cm: ArrayLike,
     class_names: Sequence[str],
