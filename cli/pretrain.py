@@ -63,6 +63,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=1000, help="optimiser steps (1000)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (0.001)")
     p.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA when available, else the CPU; default), cpu or cuda",
+    )
     add_report_args(p)
     p.set_defaults(func=run)
     return p
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             lr=args.lr,
             seed=args.seed,
+            device=args.device,
         )
     except ValueError as exc:
         raise PretrainError(f"pretrain: {exc}") from exc
@@ -98,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(
             f"{len(summary['sources'])} images, {summary['steps']} steps, loss "
-            f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, {summary['seconds']:.0f} s"
+            f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, {summary['seconds']:.0f} s "
+            f"on {summary['device']} ({summary['steps_per_s']:.2f} steps/s, "
+            f"{summary['data_seconds']:.0f} s of it making the views)"
         )
         print(
             f"wrote {Path(args.out) / ENCODER_FILE}: train with --set model.weights={Path(args.out) / ENCODER_FILE}"

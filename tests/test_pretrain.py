@@ -95,6 +95,9 @@ def test_pretrain_writes_weights_that_train_takes(synthetic_xbd, tmp_path, loss)
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["sources"]
+    assert summary["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert summary["steps_per_s"] == pytest.approx(3 / summary["seconds"], rel=0.01)
+    assert 0 < summary["data_seconds"] < summary["seconds"]
     weights = out / "encoder.safetensors"
     from safetensors.torch import load_file
 
@@ -114,3 +117,12 @@ def test_pretrain_writes_weights_that_train_takes(synthetic_xbd, tmp_path, loss)
 def test_pretrain_needs_a_source(tmp_path, capsys):
     assert main(["pretrain", "--out", str(tmp_path / "x")]) != 0
     assert "--xbd ROOT or --rasters DIR" in capsys.readouterr().err
+
+
+def test_pretrain_device_refused_clearly(synthetic_xbd, tmp_path, capsys):
+    argv = ["pretrain", "--xbd", str(synthetic_xbd), "--out", str(tmp_path / "x"), "--quiet"]
+    assert main([*argv, "--device", "tpu"]) != 0
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*argv, "--device", "cuda", "--steps", "1"]) != 0
+        assert "CUDA is not available" in capsys.readouterr().err

@@ -25,8 +25,15 @@ from torch import nn
 from data_prep.store import atomic_path, write_json
 from local_damage.data import normalize
 from local_damage.models.encoders import build_encoder, feature_channels
-from local_damage.pretrain.crops import VIEW_MODES, CropPool, augment, find_sources
+from local_damage.pretrain.crops import (
+    VIEW_MODES,
+    CropPool,
+    PretrainError,
+    augment,
+    find_sources,
+)
 from local_damage.pretrain.losses import PRETRAIN_LOSSES, BalancedContrastiveLoss, NTXentLoss
+from local_damage.train.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,7 @@ class PretrainConfig:
         pool_size, refresh_every: see :class:`~local_damage.pretrain.crops.CropPool`.
         seed: seed of weights, crops and augmentations.
         log_every: steps between lines of log.csv.
+        device: ``auto`` (CUDA when available, else the CPU), ``cpu`` or ``cuda``.
     """
 
     encoder: str = "resnet18"
@@ -71,6 +79,7 @@ class PretrainConfig:
     refresh_every: int = 4
     seed: int = 0
     log_every: int = 10
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         if self.loss not in PRETRAIN_LOSSES:
@@ -84,6 +93,8 @@ class PretrainConfig:
         for name in ("crop", "input_size", "batch_size", "steps", "pool_size", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"unknown device {self.device!r}; expected auto, cpu or cuda")
         if self.batch_size < 2:
             raise ValueError(f"batch_size must be at least 2 (negatives), got {self.batch_size}")
 
@@ -141,7 +152,11 @@ def pretrain(
     sources = find_sources(xbd, rasters, cfg.views)
     log.info(f"pretraining on {len(sources)} images ({cfg.views} views, {cfg.loss} loss)")
     pool = CropPool(sources, cfg.crop, cfg.views, cfg.pool_size, cfg.refresh_every, cfg.seed)
-    net = PretrainNet(cfg)
+    try:
+        device = resolve_device(cfg.device)
+    except RuntimeError as exc:
+        raise PretrainError(f"pretrain: device {cfg.device!r}: CUDA is not available here") from exc
+    net = PretrainNet(cfg).to(device)
     loss_fn = cfg.build_loss()
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.steps)
@@ -156,17 +171,21 @@ def pretrain(
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, desc="pretrain", unit="step")
+    data_seconds = 0.0  # crops and augmentation, in this process on the CPU
     for step in range(cfg.steps):
+        t0 = time.perf_counter()
         a, b = pool.batch(cfg.batch_size)
         va = augment(a, cfg.input_size, generator)
         vb = augment(b, cfg.input_size, generator)
-        emb = net(normalize(torch.cat([va, vb])))
+        views = torch.cat([va, vb]).to(device)
+        data_seconds += time.perf_counter() - t0
+        emb = net(normalize(views))
         loss = loss_fn(emb[: cfg.batch_size], emb[cfg.batch_size :])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         schedule.step()
-        value = float(loss.detach())
+        value = float(loss.detach())  # waits for the step (CUDA included)
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
             rows.append({"step": step, "loss": value, "seconds": time.perf_counter() - start})
         if bar is not None:
@@ -174,6 +193,7 @@ def pretrain(
             bar.set_postfix(loss=f"{value:.3f}")
     if bar is not None:
         bar.close()
+    seconds = time.perf_counter() - start
     weights = save_encoder(net.encoder, out / ENCODER_FILE)
     with atomic_path(out / "log.csv", suffix=".csv") as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=["step", "loss", "seconds"])
@@ -186,7 +206,10 @@ def pretrain(
         "steps": cfg.steps,
         "first_loss": rows[0]["loss"],
         "last_loss": rows[-1]["loss"],
-        "seconds": time.perf_counter() - start,
+        "seconds": seconds,
+        "device": str(device),
+        "steps_per_s": round(cfg.steps / seconds, 3),
+        "data_seconds": round(data_seconds, 3),
         "weights": str(weights),
     }
     write_json(out / "summary.json", summary)
