@@ -126,3 +126,4 @@ def test_pretrain_device_refused_clearly(synthetic_xbd, tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main([*argv, "--device", "cuda", "--steps", "1"]) != 0
         assert "CUDA is not available" in capsys.readouterr().err
+        assert not (tmp_path / "x").exists()  # refused before anything is written

@@ -146,16 +146,17 @@ def pretrain(
         The summary also written to ``out/summary.json``: sources, steps, first and last loss,
         seconds, and the weights file.
     """
+    # refused before the imagery is searched and anything is written
+    try:
+        device = resolve_device(cfg.device)
+    except RuntimeError as exc:
+        raise PretrainError(f"pretrain: device {cfg.device!r}: CUDA is not available here") from exc
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     sources = find_sources(xbd, rasters, cfg.views)
     log.info(f"pretraining on {len(sources)} images ({cfg.views} views, {cfg.loss} loss)")
     pool = CropPool(sources, cfg.crop, cfg.views, cfg.pool_size, cfg.refresh_every, cfg.seed)
-    try:
-        device = resolve_device(cfg.device)
-    except RuntimeError as exc:
-        raise PretrainError(f"pretrain: device {cfg.device!r}: CUDA is not available here") from exc
     net = PretrainNet(cfg).to(device)
     loss_fn = cfg.build_loss()
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
