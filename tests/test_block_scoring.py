@@ -24,7 +24,7 @@ from data_prep.residual import (
     ReadContext,
     image_context_residual,
 )
-from runtime.flags import Flagger, sky_flag, sky_flags
+from runtime.flags import Flagger, batch_sky_stats, luminance, sky_flag, sky_flags, sky_stats
 from tests.conftest import shared_data
 
 
@@ -128,6 +128,30 @@ def test_footprints_valid_equals_per_building():
         covered += _check_cover(geoms, valid, col_off, row_off)
     assert covered > 50
     assert not footprints_valid([], np.zeros((0, 4)), np.ones((4, 4), bool), 0, 0).size
+
+
+def test_luminance_channel_by_channel_equals_converting_the_whole_chip():
+    """Every one of the 2**24 uint8 colours gets the float32 luma of the chip converted first."""
+    v = np.arange(1 << 24, dtype=np.uint32)
+    rgb = np.stack([(v >> 16) & 255, (v >> 8) & 255, v & 255], axis=-1).astype(np.uint8)
+    rgb = rgb.reshape(4096, 4096, 3)
+    c = rgb.astype(np.float32)
+    want = 0.299 * c[..., 0] + 0.587 * c[..., 1] + 0.114 * c[..., 2]
+    got = luminance(rgb)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(luminance(c), want)  # float input: the formula as it is
+
+
+def test_batch_sky_stats_equal_per_pair_bit_for_bit():
+    rng = np.random.default_rng(5)
+    for side in (17, 64, 128):
+        pre = rng.integers(0, 256, (6, side, side, 3), dtype=np.uint8)
+        post = rng.integers(0, 256, (6, side, side, 3), dtype=np.uint8)
+        post[1] = 250
+        post[2, : side // 2] = 200
+        got = batch_sky_stats(pre, post)
+        assert got == [sky_stats(a, b) for a, b in zip(pre, post, strict=True)]
+    assert batch_sky_stats(pre[:0], post[:0]) == []
 
 
 def test_sky_flags_and_flagger_batch_equal_per_pair():
