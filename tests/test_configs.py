@@ -76,6 +76,26 @@ def test_cpu_configs_differ_only_where_their_method_does():
         assert local[key] == default[key], key
 
 
+def test_pretrained_configs_differ_from_cpu_local_only_in_the_weights():
+    """cpu-local-pre-<loss>: cpu-local from the encoder `pretrain --loss <loss>` writes, and the
+    pretrain command in their header parses and writes where the config reads."""
+    from dataclasses import asdict
+
+    base = asdict(load_yaml(Config, REPO / "configs" / "cpu-local.yaml"))
+    parser = build_parser()
+    for loss in ("balanced", "ntxent"):
+        path = REPO / "configs" / f"cpu-local-pre-{loss}.yaml"
+        cfg = asdict(load_yaml(Config, path))
+        changed = {(k, kk) for k, v in base.items() for kk in v if v[kk] != cfg[k][kk]}
+        assert changed == {("model", "weights")}
+        head = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")]
+        start = next(i for i, line in enumerate(head) if line.startswith("local-damage pretrain"))
+        command = " ".join(line.rstrip("\\").strip() for line in head[start : start + 3])
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert args.loss == loss
+        assert cfg["model"]["weights"] == f"{args.out}/encoder.safetensors"
+
+
 def test_bare_off_is_the_word_for_a_text_field(tmp_path):
     """YAML reads a bare `off` as false: `--set train.amp=off` and `amp: off` in a file mean the
     setting "off", not an error about 'False'."""
