@@ -63,6 +63,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"fraction of the --fold chips the ood threshold flags (default {OOD_QUANTILE:g})",
     )
     p.add_argument(
+        "--no-temperature",
+        action="store_true",
+        help="keep the raw probabilities (T = 1): the temperature fitted on the chips is recorded "
+        "in the model, not applied (e.g. when out-of-fold predictions showed it makes some tiles "
+        "worse; docs/experiments/cv.md)",
+    )
+    p.add_argument(
         "--no-ood",
         action="store_true",
         help="store no class prototypes (an existing ood block is kept as it is)",
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         ood=not args.no_ood,
         prototype_folds=folds,
         ood_quantile=args.ood_quantile,
+        temperature=not args.no_temperature,
     )
     if args.json:
         print(json.dumps(result, indent=2))

@@ -91,6 +91,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "it in the model, so its probabilities are calibrated (see `local-damage calibrate`)",
     )
     p.add_argument(
+        "--no-temperature",
+        action="store_true",
+        help="with --calibrate-fold: keep the raw probabilities (T = 1); the temperature fitted on "
+        "fold K is recorded in the model, not applied. The ood prototypes and threshold are "
+        "stored as usual",
+    )
+    p.add_argument(
         "--weights",
         metavar="NAME.safetensors",
         help="also write the run's weights as fp16 safetensors, small enough to ship next to the "
@@ -108,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     from local_damage.export.weights import export_weights
 
     start = time.perf_counter()
+    if args.no_temperature and args.calibrate_fold is None:
+        print("error: --no-temperature goes with --calibrate-fold K", file=sys.stderr)
+        return 2
     out = check_out(args.out)
     export = RunExport(
         args.run,
@@ -126,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate_fold is None:
         report = export.write(out)
     else:
-        report = export_calibrated(export, out, args.calibrate_fold)
+        report = export_calibrated(
+            export, out, args.calibrate_fold, temperature=not args.no_temperature
+        )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -140,10 +152,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_calibrated(export: RunExport, out: Path, fold: int) -> dict[str, Any]:
+def export_calibrated(
+    export: RunExport, out: Path, fold: int, temperature: bool = True
+) -> dict[str, Any]:
     """Export to a staged file, then calibrate it on ``fold`` of the export's chip store into
     ``out`` (so a failed fit leaves nothing at ``out``); the class prototypes of the ``ood``
-    flag come from the other folds except the run's held-out one.
+    flag come from the other folds except the run's held-out one. ``temperature=False`` keeps
+    the raw probabilities (:func:`local_damage.evaluation.calibrate.calibrate_model`).
 
     Returns:
         The parity report (also written to ``NAME.parity.json``) with the ``calibration`` and
@@ -155,6 +170,8 @@ def export_calibrated(export: RunExport, out: Path, fold: int) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         staged = Path(tmp) / "staged.onnx"
         report = export.write(staged)
-        calibrated = calibrate_model(staged, export.store, out, fold=fold, prototype_folds=folds)
+        calibrated = calibrate_model(
+            staged, export.store, out, fold=fold, prototype_folds=folds, temperature=temperature
+        )
     write_json(out.with_suffix(".parity.json"), report)
     return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}

@@ -29,6 +29,9 @@ from data_prep.errors import LocalDamageError
 METADATA_KEY = "calibration"
 #: The only calibration method so far.
 METHOD = "temperature scaling"
+#: ``method`` of a block that keeps the raw probabilities on purpose (``T = 1``; the fitted
+#: temperature recorded as ``fitted_temperature``, not applied).
+RAW_METHOD = "raw"
 #: Search interval of the temperature. A fit that ends on either bound has no interior optimum.
 T_MIN, T_MAX = 0.01, 100.0
 

@@ -404,3 +404,46 @@ def test_model_card_says_whether_the_model_is_calibrated(calibrated, score_model
     assert f"fitted on {block['fitted_on']['n']} buildings (fold 0 of" in text
     assert f"ECE {block['before']['ece']:.4f} before, {block['after']['ece']:.4f} after" in text
     assert "- calibration: none" in card_markdown(Predictor(score_model))
+
+
+def test_no_temperature_keeps_the_raw_probabilities_and_records_the_fit(
+    calibrated, score_model, chips, tmp_path, capsys
+):
+    """`--no-temperature` (calibrate and export): T = 1 applied, the fitted T recorded, the ood
+    block stored as usual, and a temperature stored before is replaced by the raw one."""
+    from app.web.app import card_markdown
+    from runtime.predictor import Predictor
+
+    fitted = _props(calibrated)["calibration"]
+    model = tmp_path / "raw.onnx"
+    shutil.copy(calibrated, model)  # holds a temperature: --no-temperature must drop it
+    args = ["calibrate", "--model", str(model), "--chips", str(chips), "--fold", "0"]
+    assert main([*args, "--out", str(model), "--no-temperature", "--quiet"]) == 0
+    assert "not applied: the model keeps its raw probabilities" in capsys.readouterr().out
+    props = _props(model)
+    block = props["calibration"]
+    assert block["method"] == "raw" and block["temperature"] == 1.0
+    assert block["fitted_temperature"] == pytest.approx(fitted["temperature"], rel=1e-6)
+    assert block["after"] == block["before"] == fitted["before"]
+    assert block["after_if_fitted"] == fitted["after"]
+    assert props["ood"]["threshold"] == _props(calibrated)["ood"]["threshold"]
+
+    pre, post, _ = _fold_chips(chips, 0)
+    got = Predictor(model).predict(pre, post)
+    raw = Predictor(score_model).predict(pre, post)
+    np.testing.assert_allclose(got.probabilities, raw.probabilities, atol=1e-7)
+    assert not np.allclose(
+        got.probabilities, Predictor(calibrated).predict(pre, post).probabilities, atol=1e-4
+    )
+    text = card_markdown(Predictor(model))
+    assert "none applied on purpose" in text and f"T = {fitted['temperature']:.4f}" in text
+
+    run, out = score_model.parent / "run", tmp_path / "exported.onnx"
+    base = ["export", "--run", str(run), "--out", str(out)]
+    assert main([*base, "--no-temperature"]) == 2
+    assert "--no-temperature goes with --calibrate-fold" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*base, "--calibrate-fold", "0", "--no-temperature"]) == 0
+    exported = _props(out)["calibration"]
+    assert exported["method"] == "raw" and Predictor(out).temperature == 1.0
+    assert exported["fitted_temperature"] == pytest.approx(fitted["temperature"], rel=1e-4)

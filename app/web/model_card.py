@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from app.adapt.model import unlabelled_text
+from runtime.calibration import RAW_METHOD
 from runtime.training_tiles import IN_TRAINING, TrainingTiles, training_tiles
 
 if TYPE_CHECKING:
@@ -85,6 +86,22 @@ def _calibration_text(block: Any) -> str:
     fitted = block.get("fitted_on") or {}
     if block.get("adapted"):
         return f"T = 1 on the adapted head's output: {_text(fitted.get('selection'))}"
+    if block.get("method") == RAW_METHOD:
+        text = (
+            "none applied on purpose: the plain softmax of the logits (T = 1) was kept; a "
+            f"temperature fitted on {fitted.get('n', '?')} held-out buildings "
+            f"({_text(fitted.get('selection'))}) would be T = "
+            f"{_text(float(block.get('fitted_temperature', 1.0)))}"
+        )
+        before, after = block.get("before"), block.get("after_if_fitted")
+        if (
+            isinstance(before, dict)
+            and isinstance(after, dict)
+            and "ece" in before
+            and "ece" in after
+        ):
+            text += f" (ECE there {_text(before['ece'])} raw, {_text(after['ece'])} with it)"
+        return text
     where = fitted.get("selection") or (
         f"fold {fitted['fold']} of {fitted.get('chips')}"
         if fitted.get("fold") is not None

@@ -34,6 +34,7 @@ from local_damage.metrics import calibration_metrics
 from runtime import flags
 from runtime.calibration import (
     METADATA_KEY,
+    RAW_METHOD,
     CalibrationError,
     calibration_block,
     fit_temperature,
@@ -180,10 +181,14 @@ def calibrate_model(
     chip_ids: Sequence[str] | None = None,
     selection: str = "given chips",
     prototype_ids: Sequence[str] | None = None,
+    temperature: bool = True,
 ) -> dict[str, Any]:
     """Fit a temperature to ``model`` on labelled chips and write the calibrated model to ``out``;
     also store the class prototypes and ``ood`` threshold (:func:`fit_ood`) unless ``ood`` is
-    False.
+    False. With ``temperature=False`` the model keeps its raw probabilities: the block stores
+    ``T = 1`` with ``method: raw``, the fitted temperature as ``fitted_temperature`` and what it
+    would have done as ``after_if_fitted`` (e.g. when a temperature judged on out-of-fold
+    predictions made some tiles worse: docs/experiments/cv.md).
 
     Args:
         model: an ONNX model written by ``local-damage export``.
@@ -200,6 +205,7 @@ def calibrate_model(
             ``selection`` says what they are in the stored block.
         selection: a short description of ``chip_ids``.
         prototype_ids: the chips the prototypes come from, instead of ``prototype_folds``.
+        temperature: store the fitted temperature (False: keep the raw probabilities).
 
     Returns:
         ``{"calibration": block, "ood": block or None}``: the ``calibration`` block stored in
@@ -238,12 +244,12 @@ def calibrate_model(
         log.warning(note)
     scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
     try:
-        temperature = fit_temperature(scored.logits, scored.labels)
+        fitted_t = fit_temperature(scored.logits, scored.labels)
     except ValueError as exc:
         raise type(exc)(f"{chips} ({description}): {exc}") from exc
     labels = scored.labels
     block = calibration_block(
-        temperature,
+        fitted_t,
         fitted_on={
             "chips": str(chips),
             "fold": fold,
@@ -252,8 +258,17 @@ def calibrate_model(
             "unlabelled_left_out": unlabelled,
         },
         before=_rounded(calibration_metrics(softmax(scored.logits), labels)),
-        after=_rounded(calibration_metrics(softmax(scored.logits / temperature), labels)),
+        after=_rounded(calibration_metrics(softmax(scored.logits / fitted_t), labels)),
     )
+    if not temperature:  # the fit is recorded, the raw probabilities (T = 1) are kept
+        block = {
+            **block,
+            "method": RAW_METHOD,
+            "temperature": 1.0,
+            "fitted_temperature": block["temperature"],
+            "after": block["before"],
+            "after_if_fitted": block["after"],
+        }
     props: dict[str, Any] = {METADATA_KEY: block}
     ood_fit = None
     if ood:
@@ -272,11 +287,9 @@ def calibrate_model(
     proto = onnx.load(str(model))
     set_metadata(proto, props)
     save_onnx(proto, out)
-    written = Predictor(out).temperature
-    if written is None or abs(written - temperature) > 1e-9 * temperature:
-        raise ValueError(
-            f"{out}: the written model carries temperature {written}, not {temperature}"
-        )
+    written, expected = Predictor(out).temperature, block["temperature"]
+    if written is None or abs(written - expected) > 1e-9 * expected:
+        raise ValueError(f"{out}: the written model carries temperature {written}, not {expected}")
     return {"calibration": block, "ood": ood_fit}
 
 
@@ -296,14 +309,16 @@ def format_ood(block: dict[str, Any] | None) -> str:
 def format_block(block: dict[str, Any]) -> str:
     """One line per fact of a calibration block, for the terminal."""
     fitted = block["fitted_on"]
+    raw = block.get("method") == RAW_METHOD
     lines = [
-        f"temperature T = {block['temperature']:.4f} fitted on {fitted['n']} buildings "
-        f"({fitted['selection']})"
+        f"temperature T = {block.get('fitted_temperature', block['temperature']):.4f} fitted on "
+        f"{fitted['n']} buildings ({fitted['selection']})"
+        + ("; not applied: the model keeps its raw probabilities (T = 1)" if raw else "")
     ]
-    before, after = block.get("before"), block.get("after")
+    before, after = block.get("before"), block.get("after_if_fitted" if raw else "after")
     if before and after:
         lines.append(
-            "on those chips: "
+            ("if applied, on those chips: " if raw else "on those chips: ")
             + ", ".join(
                 f"{name} {before[key]:.4f} -> {after[key]:.4f}"
                 for key, name in (("ece", "ECE"), ("nll", "NLL"), ("brier", "Brier"))
