@@ -112,9 +112,12 @@ def test_bundled_default_model_serves_the_app_examples(tmp_path):
     assert card["precision"] == "int8" and predictor.has_change_map
     assert card["test_metrics"]["n"] > 0
     assert BUNDLED.stat().st_size < 25e6
-    # its test figures are of the recipe trained without the test tiles, which it trained on
-    assert "test figures (484 buildings, 7 tiles), **in the model's training data**" in (
-        card_markdown(predictor)
+    # its test figures are its own, on tiles it never trained on, and the card says so
+    tested = card["test_metrics"]
+    assert not set(tested["tiles"]) & set(card["training_data"]["train_tiles"])
+    assert (
+        f"- held-out test ({tested['n']} buildings, {len(tested['tiles'])} tiles, none in the "
+        "model's training data)" in card_markdown(predictor)
     )
 
     examples = make_examples(tmp_path / "examples")
