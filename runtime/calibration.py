@@ -135,6 +135,7 @@ def calibration_block(
     fitted_on: Mapping[str, Any],
     before: Mapping[str, Any] | None = None,
     after: Mapping[str, Any] | None = None,
+    applied: bool = True,
 ) -> dict[str, Any]:
     """The ``calibration`` metadata prop of a calibrated model.
 
@@ -143,16 +144,32 @@ def calibration_block(
         fitted_on: where ``T`` was fitted: ``chips`` (store), ``fold``, ``selection``, ``n``.
         before: ECE / NLL / Brier of the uncalibrated probabilities on those chips.
         after: the same with ``T`` applied.
+        applied: False keeps the raw probabilities: ``method`` is :data:`RAW_METHOD`,
+            ``temperature`` 1 and ``after`` equal to ``before``; the fit is recorded as
+            ``fitted_temperature`` and ``after_if_fitted``.
 
     Returns:
-        ``{"method", "temperature", "fitted_on", "before", "after"}``.
+        ``{"method", "temperature", "fitted_on", "before", "after"}`` (and, not applied,
+        ``fitted_temperature`` and ``after_if_fitted``).
     """
-    return {
+    before = dict(before) if before is not None else None
+    after = dict(after) if after is not None else None
+    block = {
         "method": METHOD,
         "temperature": float(temperature),
         "fitted_on": dict(fitted_on),
-        "before": dict(before) if before is not None else None,
-        "after": dict(after) if after is not None else None,
+        "before": before,
+        "after": after,
+    }
+    if applied:
+        return block
+    return {
+        **block,
+        "method": RAW_METHOD,
+        "temperature": 1.0,
+        "after": before,
+        "fitted_temperature": float(temperature),
+        "after_if_fitted": after,
     }
 
 

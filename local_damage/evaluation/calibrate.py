@@ -259,16 +259,8 @@ def calibrate_model(
         },
         before=_rounded(calibration_metrics(softmax(scored.logits), labels)),
         after=_rounded(calibration_metrics(softmax(scored.logits / fitted_t), labels)),
+        applied=temperature,
     )
-    if not temperature:  # the fit is recorded, the raw probabilities (T = 1) are kept
-        block = {
-            **block,
-            "method": RAW_METHOD,
-            "temperature": 1.0,
-            "fitted_temperature": block["temperature"],
-            "after": block["before"],
-            "after_if_fitted": block["after"],
-        }
     props: dict[str, Any] = {METADATA_KEY: block}
     ood_fit = None
     if ood:
