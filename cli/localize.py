@@ -26,7 +26,7 @@ from runtime.registry import default_localizer
 
 def _split_args(p: argparse.ArgumentParser) -> None:
     """``--xbd`` and the tile folds (``--folds``, ``--split-seed``, ``--splits``)."""
-    add_xbd_args(p, help="xBD root: images/ and labels/ (or split folders)")
+    add_xbd_args(p, repeatable=True, help="xBD root: images/ and labels/ (or split folders)")
     p.add_argument(
         "--folds",
         type=int,
@@ -90,7 +90,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--run", required=True, metavar="RUN", help="run folder of `localize train`")
     add_output_args(e, metavar="ONNX", help="model file to write")
-    add_xbd_args(e, required=False, help="xBD root for the parity tile (default: the run's)")
+    add_xbd_args(
+        e, required=False, repeatable=True, help="xBD root for the parity tile (default: the run's)"
+    )
     e.add_argument(
         "--quantize",
         choices=["int8"],

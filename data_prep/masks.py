@@ -56,6 +56,16 @@ class MaskTile:
     post_label: Path
 
 
+def as_roots(root: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """One xBD root or several, as a list of paths."""
+    return [Path(root)] if isinstance(root, (str, os.PathLike)) else [Path(r) for r in root]
+
+
+def roots_label(root: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
+    """The roots for a message: ``a`` or ``a, b``."""
+    return ", ".join(map(str, as_roots(root)))
+
+
 def find_mask_tiles(root: str | os.PathLike | Sequence[str | os.PathLike]) -> list[MaskTile]:
     """Tiles below an xBD root that have a pre image and a label file, sorted by name.
 
@@ -75,7 +85,7 @@ def find_mask_tiles(root: str | os.PathLike | Sequence[str | os.PathLike]) -> li
         out.append(MaskTile(t.name, t.event, Path(t.pre), label, t.label))
     if not out:
         raise MaskError(
-            f"{root}: no tile has both a pre image (images/<tile>_pre_disaster.png) and a label "
+            f"{roots_label(root)}: no tile has both a pre image (images/<tile>_pre_disaster.png) and a label "
             "file (labels/<tile>_pre_disaster.json or _post_disaster.json)"
         )
     return out

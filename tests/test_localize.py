@@ -36,15 +36,16 @@ def _rect_wkt(x0: float, y0: float, x1: float, y1: float) -> str:
     return f"POLYGON (({x0} {y0}, {x1} {y0}, {x1} {y1}, {x0} {y1}, {x0} {y0}))"
 
 
-def make_rect_tiles(root: Path, n: int = 6, seed: int = 0) -> Path:
-    """``n`` xBD-style tiles of SIZE px with 3-5 rectangular buildings each; returns ``root``."""
+def make_rect_tiles(root: Path, n: int = 6, seed: int = 0, start: int = 0) -> Path:
+    """``n`` xBD-style tiles of SIZE px with 3-5 rectangular buildings each, numbered from
+    ``start``; returns ``root``."""
     import cv2
 
     rng = np.random.default_rng(seed)
     (root / "images").mkdir(parents=True)
     (root / "labels").mkdir(parents=True)
     for i in range(n):
-        name = f"synthetic-rects_{i:08d}"
+        name = f"synthetic-rects_{start + i:08d}"
         image = rng.integers(40, 90, (SIZE, SIZE, 3), dtype=np.uint8)
         features = []
         for k in range(int(rng.integers(3, 6))):
@@ -340,6 +341,53 @@ def test_cli_refuses_bad_overrides(rect_root, tmp_path, capsys):
         + ["--set", "data.nope=1"]
     )
     assert code == 2 and "nope" in capsys.readouterr().err
+
+
+def test_cli_trains_and_evaluates_on_two_roots(tmp_path, capsys):
+    """``--xbd`` repeated: the tiles of both folders together, as `prepare xbd` takes them."""
+    from cli.main import main
+
+    a = make_rect_tiles(tmp_path / "a", n=3, seed=0)
+    b = make_rect_tiles(tmp_path / "b", n=3, seed=1, start=3)
+    roots = ["--xbd", str(a), "--xbd", str(b), "--folds", "3", "--split-seed", "0"]
+    run = tmp_path / "run"
+    code = main(
+        ["localize", "train", *roots, "--fold", "0", "--out", str(run), "--quiet"]
+        + [arg for kv in TINY for arg in ("--set", kv)]
+    )
+    assert code == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["root"] == [str(a), str(b)]
+    tiles = set(summary["train_tiles"]) | set(summary["val_tiles"])
+    assert tiles == {f"synthetic-rects_{i:08d}" for i in range(6)}
+    assert main(["localize", "export", "--run", str(run), "--out", str(tmp_path / "m.onnx")]) == 0
+    out = tmp_path / "m.json"
+    code = main(
+        ["localize", "evaluate", "--model", str(tmp_path / "m.onnx"), *roots, "--fold", "0"]
+        + ["--out", str(out), "--quiet"]
+    )
+    assert code == 0
+    assert sorted(json.loads(out.read_text())["tiles"]) == sorted(summary["val_tiles"])
+    # a root that does not exist is named
+    assert (
+        main(
+            [
+                "localize",
+                "evaluate",
+                "--model",
+                str(tmp_path / "m.onnx"),
+                "--xbd",
+                str(a),
+                "--xbd",
+                str(tmp_path / "nope"),
+                "--fold",
+                "0",
+                "--quiet",
+            ]
+        )
+        != 0
+    )
+    assert "nope" in capsys.readouterr().err
 
 
 @pytest.mark.realdata

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile, resize_image
+from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile, resize_image, roots_label
 from local_damage.localize.errors import LocalizeError
 from runtime.contract import CPU_ONLY, open_session, read_metadata
 
@@ -173,7 +173,7 @@ def evaluate_tiles(
 
 def evaluate_model(
     model_path: str | os.PathLike,
-    root: str | os.PathLike,
+    root: str | os.PathLike | Sequence[str | os.PathLike],
     fold: int,
     *,
     folds: int = 5,
@@ -194,7 +194,7 @@ def evaluate_model(
     chosen = [t for t in tiles if folds_of.get(t.name) == fold]
     if not chosen:
         raise LocalizeError(
-            f"{root}: no tile in fold {fold} (folds: {sorted(set(folds_of.values()))})"
+            f"{roots_label(root)}: no tile in fold {fold} (folds: {sorted(set(folds_of.values()))})"
         )
     result = evaluate_tiles(
         model,

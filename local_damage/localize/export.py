@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from data_prep.masks import find_mask_tiles, load_mask_tile
+from data_prep.masks import as_roots, find_mask_tiles, load_mask_tile, roots_label
 from local_damage import __version__
 from local_damage.config import load_yaml, to_dict
 from local_damage.export.options import DEFAULT_OPSET
@@ -179,7 +180,7 @@ def export_localizer(
     run: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    root: str | os.PathLike | None = None,
+    root: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     quantize: str | None = None,
     int8_method: str = "static",
     test_metrics: str | os.PathLike | None = None,
@@ -190,7 +191,8 @@ def export_localizer(
     Args:
         run: run folder of ``local-damage localize train``.
         out: the ``.onnx`` file to write.
-        root: xBD root for the parity tile and int8 calibration (default: the run's).
+        root: xBD root (or roots) for the parity tile and int8 calibration (default: the
+            run's).
         quantize: None (fp32) or ``"int8"``.
         int8_method: ``"static"`` or ``"dynamic"`` (see :func:`quantize_localizer`).
         test_metrics: a ``localize evaluate --out`` JSON to store as the held-out figures.
@@ -202,12 +204,14 @@ def export_localizer(
         LocalizeFileNotFoundError: none of the run's tiles is below ``root``.
     """
     cfg, summary, net = load_localize_run(run)
-    root = Path(root or summary["root"])
+    root = as_roots(root or summary["root"])
     scale, tile_size = float(cfg.data.scale), int(cfg.data.tile_size)
     tiles = {t.name: t for t in find_mask_tiles(root)}
     names = [n for n in summary.get("val_tiles", []) + summary["train_tiles"] if n in tiles]
     if not names:
-        raise LocalizeFileNotFoundError(f"{root}: none of the run's tiles is there; pass --root")
+        raise LocalizeFileNotFoundError(
+            f"{roots_label(root)}: none of the run's tiles is there; pass --xbd"
+        )
     image, _ = load_mask_tile(tiles[names[0]], scale)
     h, w = (min(tile_size, s) // 32 * 32 for s in image.shape[:2])
     window = np.ascontiguousarray(image[:h, :w])

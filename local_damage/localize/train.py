@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from safetensors.torch import load_file
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile
+from data_prep.masks import as_roots, find_mask_tiles, fold_map, load_mask_tile, roots_label
 from local_damage.config import save_yaml, to_dict
 from local_damage.localize.config import LocalizeConfig
 from local_damage.localize.data import TileCrops
@@ -162,7 +163,7 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
 
 def train_localizer(
     cfg: LocalizeConfig,
-    root: str | os.PathLike,
+    root: str | os.PathLike | Sequence[str | os.PathLike],
     out: str | os.PathLike,
     *,
     fold: int | None = None,
@@ -176,7 +177,7 @@ def train_localizer(
 
     Args:
         cfg: the resolved config (saved as ``out/config.yaml``).
-        root: xBD root (images/ and labels/).
+        root: xBD root (images/ and labels/), or several (their tiles together).
         out: run folder.
         fold: validation fold; None trains on every tile outside ``holdout`` without validation
             (the last weights are kept and the threshold stays 0.5, smallest blob 0).
@@ -197,7 +198,9 @@ def train_localizer(
     folds_of = fold_map(tiles, folds, split_seed, splits)
     train_tiles, val_tiles = split_tiles(tiles, folds_of, fold, holdout)
     if not train_tiles:
-        raise LocalizeError(f"{root}: no training tiles left outside folds {fold} and {holdout}")
+        raise LocalizeError(
+            f"{roots_label(root)}: no training tiles left outside folds {fold} and {holdout}"
+        )
     pairs = [load_mask_tile(t, cfg.data.scale) for t in train_tiles]
     val_pairs = [load_mask_tile(t, 1.0) for t in val_tiles]
     loader = crop_loader(cfg, pairs)
@@ -245,7 +248,7 @@ def train_localizer(
         point = choose_operating_point(probs, [m for _, m in val_pairs], c.thresholds, c.min_areas)
         operating = {**point, "chosen_on": {"fold": fold, "tiles": [t.name for t in val_tiles]}}
     summary = {
-        "root": str(root),
+        "root": [str(r) for r in as_roots(root)],
         "split": {"folds": folds, "by": "tile", "seed": split_seed, "splits": splits},
         "fold": fold,
         "holdout": holdout,
