@@ -156,7 +156,7 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
             "each tile's graded buildings and class raster."
         ),
     )
-    add_xbd_args(p, help="xBD root: images/ and labels/ (or splits)")
+    add_xbd_args(p, repeatable=True, help="xBD root: images/ and labels/ (or splits)")
     add_model_args(p, help=f"damage model: {MODEL_CHOICE} (default: the bundled default)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     which = p.add_mutually_exclusive_group()

@@ -30,7 +30,7 @@ from data_prep.errors import LocalDamageError
 from data_prep.imagery import read_rgb
 from data_prep.report import PrepareReport
 from data_prep.split import stratified_group_folds
-from data_prep.xbd_tiles import find_tiles, parse_buildings
+from data_prep.xbd_tiles import find_tiles, parse_buildings, roots_label
 
 
 class MaskError(LocalDamageError, ValueError):
@@ -54,16 +54,6 @@ class MaskTile:
     image: Path
     label: Path
     post_label: Path
-
-
-def as_roots(root: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
-    """One xBD root or several, as a list of paths."""
-    return [Path(root)] if isinstance(root, (str, os.PathLike)) else [Path(r) for r in root]
-
-
-def roots_label(root: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
-    """The roots for a message: ``a`` or ``a, b``."""
-    return ", ".join(map(str, as_roots(root)))
 
 
 def find_mask_tiles(root: str | os.PathLike | Sequence[str | os.PathLike]) -> list[MaskTile]:

@@ -84,6 +84,16 @@ def _image_dirs(root: Path) -> list[Path]:
     return [d for d in dirs + extra if d.is_dir()]
 
 
+def as_roots(root: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """One xBD root or several, as a list of paths."""
+    return [Path(root)] if isinstance(root, (str, os.PathLike)) else [Path(r) for r in root]
+
+
+def roots_label(root: str | os.PathLike | Sequence[str | os.PathLike]) -> str:
+    """The roots for a message: ``a`` or ``a, b``."""
+    return ", ".join(map(str, as_roots(root)))
+
+
 def find_tiles(
     roots: Sequence[str | os.PathLike] | str | os.PathLike,
 ) -> tuple[list[XbdTile], list[tuple[str, str]]]:

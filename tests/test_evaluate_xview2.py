@@ -166,6 +166,38 @@ def test_tiles_of_a_fold(tmp_path, synthetic_xbd, score_model, capsys):
     ]
 
 
+def test_tiles_of_a_fold_across_two_roots(tmp_path, synthetic_xbd, score_model):
+    """Repeated ``--xbd``: a fold's tiles found in whichever folder holds them."""
+    from data_prep.synthetic import tile_name
+
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for i, root in enumerate(roots):
+        for sub in ("images", "labels"):
+            (root / sub).mkdir(parents=True)
+            for f in (synthetic_xbd / sub).glob(f"{tile_name(2 * i)}_*"):
+                shutil.copy(f, root / sub / f.name)
+    chips = tmp_path / "chips"
+    chips.mkdir()
+    rows = ["chip_id,tile,event,fold"] + [
+        f"{tile_name(t)}:b,{tile_name(t)},{tile_name(t).rsplit('_', 1)[0]},0" for t in (0, 2)
+    ]
+    (chips / "splits.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    args = ["evaluate", "xview2", "--xbd", str(roots[0]), "--xbd", str(roots[1])]
+    args += ["--model", str(score_model), "--chips", str(chips), "--fold", "0"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert [r["tile"] for r in m["tiles"]] == [tile_name(0), tile_name(2)]
+    assert m["source"]["root"] == [str(r) for r in roots]
+    # one folder alone misses the other's tile, and the message names the folder
+    from app.scoring.xview2 import XView2EvaluationError, select_tiles
+
+    with pytest.raises(
+        XView2EvaluationError, match=rf"{roots[0]}: tile\(s\) not found: {tile_name(2)}"
+    ):
+        select_tiles(roots[0], chips=chips, fold=0)
+
+
 def test_detected_footprints_are_graded_as_given_ones(tmp_path, synthetic_xbd, score_model):
     import shapely
 

@@ -47,7 +47,7 @@ from data_prep.imagery import read_rgb
 from data_prep.mosaic import SceneError
 from data_prep.split import load_splits
 from data_prep.store import write_json
-from data_prep.xbd_tiles import find_tiles
+from data_prep.xbd_tiles import as_roots, find_tiles, roots_label
 from data_prep.xview2 import XView2Counts, xview2_targets
 from runtime.localizer import Localizer
 from runtime.predictor import Predictor
@@ -89,7 +89,7 @@ class TileResult:
 
 
 def select_tiles(
-    root: str | Path,
+    root: str | Path | Sequence[str | Path],
     tiles: Sequence[str] | None = None,
     chips: str | Path | None = None,
     fold: int | None = None,
@@ -97,7 +97,7 @@ def select_tiles(
     """The xBD tiles to score and a description of the selection.
 
     Args:
-        root: xBD root (``images/`` and ``labels/``, or split folders).
+        root: xBD root (``images/`` and ``labels/``, or split folders), or several.
         tiles: tile names (``<event>_<id>``); None: by ``fold``, or every tile.
         chips: chip store whose ``splits.csv`` deals tiles to folds (with ``fold``).
         fold: score the tiles of this fold of ``chips``.
@@ -129,11 +129,11 @@ def select_tiles(
         description = f"{len(names)} named tile(s)"
     else:
         names = [t.name for t in found if t.label_exists]
-        description = f"every labelled tile under {root}"
+        description = f"every labelled tile under {roots_label(root)}"
     missing = [n for n in names if n not in by_name]
     if missing:
         raise XView2EvaluationError(
-            f"{root}: tile(s) not found: {', '.join(missing[:5])}"
+            f"{roots_label(root)}: tile(s) not found: {', '.join(missing[:5])}"
             + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             + " (names are <event>_<id>, as in images/<event>_<id>_pre_disaster.png)"
         )
@@ -150,7 +150,7 @@ def select_tiles(
                     "not found"
                 )
     if not selected:
-        raise XView2EvaluationError(f"{root}: no tile to score in {description}")
+        raise XView2EvaluationError(f"{roots_label(root)}: no tile to score in {description}")
     return selected, description
 
 
@@ -293,7 +293,7 @@ def _write_png(path: Path, raster: np.ndarray) -> None:
 
 
 def evaluate_xview2(
-    root: str | Path,
+    root: str | Path | Sequence[str | Path],
     model: str | Path,
     out: str | Path,
     tiles: Sequence[str] | None = None,
@@ -307,7 +307,7 @@ def evaluate_xview2(
     """Score a damage model (and a localiser) on xBD tiles with the xView2 metric.
 
     Args:
-        root: xBD root.
+        root: xBD root, or several (their tiles together).
         model: the damage model (``.onnx``).
         out: output folder.
         tiles, chips, fold: which tiles (see :func:`select_tiles`).
@@ -329,8 +329,8 @@ def evaluate_xview2(
     """
     if batch_size < 1:
         raise XView2EvaluationError(f"--batch-size must be at least 1, got {batch_size}")
-    root = Path(root)
-    selected, description = select_tiles(root, tiles, chips, fold)
+    roots = as_roots(root)
+    selected, description = select_tiles(roots, tiles, chips, fold)
     predictor = Predictor(model)
     loc_model = load_localizer(localizer) if localizer is not None else None
     out = Path(out)
@@ -420,7 +420,7 @@ def evaluate_xview2(
             "rule": "label polygons (post label features.xy), pixel centre inside, later wins",
         },
         "source": {
-            "root": str(root),
+            "root": [str(r) for r in roots],
             "model": str(model),
             "localizer": None if localizer is None else str(localizer),
             "chips": None if chips is None else str(chips),

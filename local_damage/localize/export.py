@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from data_prep.masks import as_roots, find_mask_tiles, load_mask_tile, roots_label
+from data_prep.masks import find_mask_tiles, load_mask_tile
+from data_prep.xbd_tiles import as_roots, roots_label
 from local_damage import __version__
 from local_damage.config import load_yaml, to_dict
 from local_damage.export.options import DEFAULT_OPSET

@@ -27,7 +27,8 @@ from safetensors.torch import load_file
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from data_prep.masks import as_roots, find_mask_tiles, fold_map, load_mask_tile, roots_label
+from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile
+from data_prep.xbd_tiles import as_roots, roots_label
 from local_damage.config import save_yaml, to_dict
 from local_damage.localize.config import LocalizeConfig
 from local_damage.localize.data import TileCrops
