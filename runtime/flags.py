@@ -66,7 +66,7 @@ CLOUD_BRIGHT = 170.0
 #: Local contrast (mean absolute 3x3 Laplacian of luminance, 0-255 units) under which a pixel
 #: counts as flat.
 CLOUD_FLAT = 6.0
-#: ``cloud`` when at least this fraction of the post chip is bright and flat.
+#: ``cloud`` when at least this fraction of the post chip, or of the pre chip, is bright and flat.
 CLOUD_FRACTION = 0.6
 #: ``haze``: the post chip's texture energy is below this fraction of the pre chip's ...
 HAZE_CONTRAST_RATIO = 0.35
@@ -131,6 +131,7 @@ class SkyStats:
     Attributes:
         bright_flat: fraction of post pixels brighter than :data:`CLOUD_BRIGHT` with local
             contrast under :data:`CLOUD_FLAT`.
+        bright_flat_pre: the same fraction of the pre chip's pixels.
         contrast_ratio: mean local contrast of the post chip / that of the pre chip.
         brightening: mean luminance of the post chip minus that of the pre chip.
     """
@@ -138,6 +139,7 @@ class SkyStats:
     bright_flat: float
     contrast_ratio: float
     brightening: float
+    bright_flat_pre: float = 0.0
 
 
 def sky_stats(pre: np.ndarray, post: np.ndarray) -> SkyStats:
@@ -145,23 +147,25 @@ def sky_stats(pre: np.ndarray, post: np.ndarray) -> SkyStats:
     gp, gq = luminance(pre), luminance(post)
     cp, cq = local_contrast(gp), local_contrast(gq)
     bright_flat = float(np.mean((gq > CLOUD_BRIGHT) & (cq < CLOUD_FLAT)))
+    bright_flat_pre = float(np.mean((gp > CLOUD_BRIGHT) & (cp < CLOUD_FLAT)))
     pre_texture = float(cp.mean())
     ratio = float(cq.mean()) / pre_texture if pre_texture > 1e-6 else math.inf
-    return SkyStats(bright_flat, ratio, float(gq.mean() - gp.mean()))
+    return SkyStats(bright_flat, ratio, float(gq.mean() - gp.mean()), bright_flat_pre)
 
 
 def sky_flag(pre: np.ndarray, post: np.ndarray) -> str | None:
     """``"cloud"``, ``"haze"`` or None for a uint8 ``[H, W, 3]`` chip pair.
 
-    ``cloud`` when at least :data:`CLOUD_FRACTION` of the post chip is bright and flat;
-    otherwise ``haze`` when the post chip is at least :data:`HAZE_BRIGHTENING` brighter than the
+    ``cloud`` when at least :data:`CLOUD_FRACTION` of the post chip, or of the pre chip, is
+    bright and flat (a cloud over the building before the event hides it as much as one after;
+    a localiser can even take a cloud on the pre image for a building); otherwise ``haze`` when the post chip is at least :data:`HAZE_BRIGHTENING` brighter than the
     pre chip and keeps under :data:`HAZE_CONTRAST_RATIO` of its local contrast.
     """
     return _sky_decision(sky_stats(pre, post))
 
 
 def _sky_decision(s: SkyStats) -> str | None:
-    if s.bright_flat >= CLOUD_FRACTION:
+    if max(s.bright_flat, s.bright_flat_pre) >= CLOUD_FRACTION:
         return CLOUD
     if s.contrast_ratio < HAZE_CONTRAST_RATIO and s.brightening >= HAZE_BRIGHTENING:
         return HAZE
@@ -184,6 +188,7 @@ def batch_sky_stats(pre: np.ndarray, post: np.ndarray) -> list[SkyStats]:
     gp, gq = luminance(pre), luminance(post)
     cp, cq = _batch_contrast(gp), _batch_contrast(gq)
     bright = ((gq > CLOUD_BRIGHT) & (cq < CLOUD_FLAT)).reshape(n, -1).mean(axis=1)
+    bright_pre = ((gp > CLOUD_BRIGHT) & (cp < CLOUD_FLAT)).reshape(n, -1).mean(axis=1)
     texture_pre, texture_post, mean_pre, mean_post = (
         a.reshape(n, -1).mean(axis=1) for a in (cp, cq, gp, gq)
     )
@@ -191,7 +196,11 @@ def batch_sky_stats(pre: np.ndarray, post: np.ndarray) -> list[SkyStats]:
     for i in range(n):
         pre_texture = float(texture_pre[i])
         ratio = float(texture_post[i]) / pre_texture if pre_texture > 1e-6 else math.inf
-        out.append(SkyStats(float(bright[i]), ratio, float(mean_post[i] - mean_pre[i])))
+        out.append(
+            SkyStats(
+                float(bright[i]), ratio, float(mean_post[i] - mean_pre[i]), float(bright_pre[i])
+            )
+        )
     return out
 
 

@@ -57,6 +57,12 @@ def test_bright_flat_overlay_is_cloud():
     # a bright but textured post (no cloud) is not
     bright = np.clip(post.astype(int) + 60, 0, 255).astype(np.uint8)
     assert pair_flags(pre, bright) == []
+    # a cloud over the pre image hides the building as much: cloud too
+    cloudy_pre = cloud_overlay(pre, np.random.default_rng(3))
+    s = sky_stats(cloudy_pre, post)
+    assert s.bright_flat_pre > 0.6 and s.bright_flat < 0.6
+    assert pair_flags(cloudy_pre, post) == ["cloud"]
+    assert pair_flags(np.clip(pre.astype(int) + 60, 0, 255).astype(np.uint8), post) == []
 
 
 def test_contrast_collapse_under_a_veil_is_haze():
