@@ -20,8 +20,11 @@ RECIPE := configs/cpu-local.yaml
 # buildings (1 of 76; minor 10 of 148), the rarest grades.
 DEFAULT_FOLD := 2
 DEFAULT_RUN := $(CV_OUT)/$(basename $(notdir $(RECIPE)))/fold$(DEFAULT_FOLD)
-# The localiser's tiles: fold 1 of `split --folds 5 --seed 14` of the xBD sample (7 of 33 tiles,
-# every event) is its test fold, fold 3 its calibration fold (docs/localize.md).
+# The localiser's run: the default model's folds, fold 2 held out, fold 3 its calibration fold.
+LOC_CALIB_FOLD := 3
+LOC_RUN := $(LOCALIZER)/all-f$(DEFAULT_FOLD)
+# The previous studies' tiles: fold 1 of `split --folds 5 --seed 14` of the xBD sample (7 of 33
+# tiles, every event) was their test fold, fold 3 their calibration fold.
 HOLDOUT_SEED := 14
 HOLDOUT_FOLD := 1
 CALIB_FOLD := 3
@@ -31,7 +34,7 @@ LOCAL_SETS := --set loss.method=local --set loss.normalize_z=false --set model.l
 SCL_SETS := --set loss.method=scl --set loss.normalize_z=true --set model.latent_abs=false
 
 .PHONY: install run demo test test-all lint format clean all-chips default-chips default-model \
-	default-model-cv default-model-heldout localizer
+	default-model-cv default-model-heldout localizer localizer-cv localizer-sample
 
 install: $(VENV)/.installed
 
@@ -102,12 +105,43 @@ default-model-heldout: default-chips
 			--out $(DEFAULT)/heldout-$$method/eval || exit 1; \
 	done
 
-## The building localiser, models/localizer.onnx (docs/localize.md, models/localizer.md): its
+## The building localiser, models/localizer.onnx (docs/localize.md, models/localizer.md), on the
+## tiles of both folders with the default model's folds: trained on folds 0, 1 and 4, its epoch,
+## threshold and smallest blob chosen on fold 3, never shown fold 2 (the default model's held-out
+## fold), scored there, and exported int8 with those figures. About 60 minutes on one thread.
+localizer: all-chips
+	$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
+		--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --holdout $(DEFAULT_FOLD) \
+		--fold $(LOC_CALIB_FOLD) --set train.threads=1 --out $(LOC_RUN) --quiet
+	$(BIN)/local-damage localize export --run $(LOC_RUN) --out $(LOC_RUN)/model.onnx --quantize int8
+	$(BIN)/local-damage localize evaluate --model $(LOC_RUN)/model.onnx --xbd $(XBD) \
+		--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --fold $(DEFAULT_FOLD) \
+		--out $(LOC_RUN)/test.json
+	$(BIN)/local-damage localize export --run $(LOC_RUN) --out models/localizer.onnx \
+		--quantize int8 --test-metrics $(LOC_RUN)/test.json
+
+## The localiser's figures over all five folds: for each test fold K, trained without folds K and
+## K+1 (mod 5), epoch, threshold and smallest blob chosen on fold K+1, scored on fold K (fold 2 is
+## the shipped model's run). About an hour per fold on one thread; finished folds are kept.
+localizer-cv: all-chips
+	for k in 0 1 2 3 4; do \
+		run=$(LOCALIZER)/all-f$$k; calib=$$(( (k + 1) % 5 )); \
+		[ -f $$run/test.json ] && continue; \
+		$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
+			--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --holdout $$k --fold $$calib \
+			--set train.threads=1 --out $$run --quiet \
+		&& $(BIN)/local-damage localize export --run $$run --out $$run/model.onnx --quantize int8 \
+		&& $(BIN)/local-damage localize evaluate --model $$run/model.onnx --xbd $(XBD) \
+			--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --fold $$k \
+			--out $$run/test.json || exit 1; \
+	done
+
+## The previous localiser's study (the xBD sample alone; docs/experiments/results.md): its
 ## held-out figures first (trained without the test and calibration folds, threshold and smallest
 ## blob chosen on the calibration fold, exported int8 and scored on the test fold), then the shipped
 ## model, trained on every fold but the calibration fold and exported int8 with those figures.
 ## About 75 minutes on 2 CPU cores.
-localizer: install
+localizer-sample: install
 	$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
 		--split-seed $(HOLDOUT_SEED) --holdout $(HOLDOUT_FOLD) --fold $(CALIB_FOLD) \
 		--out $(LOCALIZER)/heldout --quiet
@@ -117,7 +151,7 @@ localizer: install
 		--split-seed $(HOLDOUT_SEED) --fold $(HOLDOUT_FOLD) --out $(LOCALIZER)/heldout/test.json
 	$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
 		--split-seed $(HOLDOUT_SEED) --fold $(CALIB_FOLD) --out $(LOCALIZER)/run --quiet
-	$(BIN)/local-damage localize export --run $(LOCALIZER)/run --out models/localizer.onnx \
+	$(BIN)/local-damage localize export --run $(LOCALIZER)/run --out $(LOCALIZER)/run/model.onnx \
 		--quantize int8 --test-metrics $(LOCALIZER)/heldout/test.json
 
 ## The test suite (fast tests plus real-data tests when ../shared/data is present).
