@@ -75,8 +75,9 @@ def find_mask_tiles(root: str | os.PathLike | Sequence[str | os.PathLike]) -> li
         out.append(MaskTile(t.name, t.event, Path(t.pre), label, t.label))
     if not out:
         raise MaskError(
-            f"{roots_label(root)}: no tile has both a pre image (images/<tile>_pre_disaster.png) and a label "
-            "file (labels/<tile>_pre_disaster.json or _post_disaster.json)"
+            f"{roots_label(root)}: no tile has both a pre image "
+            "(images/<tile>_pre_disaster.png) and a label file "
+            "(labels/<tile>_pre_disaster.json or _post_disaster.json)"
         )
     return out
 

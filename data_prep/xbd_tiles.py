@@ -113,11 +113,9 @@ def find_tiles(
     Raises:
         XbdRootError: a root does not exist, is not a folder or holds no xBD tiles.
     """
-    if isinstance(roots, (str, os.PathLike)):
-        roots = [roots]
     found: dict[str, XbdTile] = {}
     duplicates: list[tuple[str, str]] = []
-    for root in map(Path, roots):
+    for root in as_roots(roots):
         if not root.exists():
             raise XbdRootError(f"{root}: xBD root folder does not exist")
         if not root.is_dir():

@@ -158,8 +158,9 @@ def sky_flag(pre: np.ndarray, post: np.ndarray) -> str | None:
 
     ``cloud`` when at least :data:`CLOUD_FRACTION` of the post chip, or of the pre chip, is
     bright and flat (a cloud over the building before the event hides it as much as one after;
-    a localiser can even take a cloud on the pre image for a building); otherwise ``haze`` when the post chip is at least :data:`HAZE_BRIGHTENING` brighter than the
-    pre chip and keeps under :data:`HAZE_CONTRAST_RATIO` of its local contrast.
+    a localiser can even take a cloud on the pre image for a building); otherwise ``haze`` when
+    the post chip is at least :data:`HAZE_BRIGHTENING` brighter than the pre chip and keeps
+    under :data:`HAZE_CONTRAST_RATIO` of its local contrast.
     """
     return _sky_decision(sky_stats(pre, post))
 

@@ -369,24 +369,8 @@ def test_cli_trains_and_evaluates_on_two_roots(tmp_path, capsys):
     assert code == 0
     assert sorted(json.loads(out.read_text())["tiles"]) == sorted(summary["val_tiles"])
     # a root that does not exist is named
-    assert (
-        main(
-            [
-                "localize",
-                "evaluate",
-                "--model",
-                str(tmp_path / "m.onnx"),
-                "--xbd",
-                str(a),
-                "--xbd",
-                str(tmp_path / "nope"),
-                "--fold",
-                "0",
-                "--quiet",
-            ]
-        )
-        != 0
-    )
+    missing_root = ["--xbd", str(a), "--xbd", str(tmp_path / "nope"), "--fold", "0", "--quiet"]
+    assert main(["localize", "evaluate", "--model", str(tmp_path / "m.onnx"), *missing_root]) != 0
     assert "nope" in capsys.readouterr().err
 
 
