@@ -102,15 +102,22 @@ def luminance(chip: np.ndarray) -> np.ndarray:
     """float32 ``[..., H, W]`` Rec. 601 luma (0-255) of uint8 ``[..., H, W, 3]`` RGB chips.
 
     Each channel is converted as it is weighted (the same float32 products and sums as
-    converting the whole chip first, a third less work)."""
+    converting the whole chip first, a third less work), from planes OpenCV splits out of the
+    interleaved pixels (numpy's arithmetic on a strided channel runs at half the speed)."""
+    import cv2
+
     c = np.asarray(chip)
     if c.dtype != np.uint8:
         c = c.astype(np.float32)
         return 0.299 * c[..., 0] + 0.587 * c[..., 1] + 0.114 * c[..., 2]
-    out = np.multiply(c[..., 0], np.float32(0.299), dtype=np.float32)
-    out += np.multiply(c[..., 1], np.float32(0.587), dtype=np.float32)
-    out += np.multiply(c[..., 2], np.float32(0.114), dtype=np.float32)
-    return out
+    if c.ndim < 3 or c.shape[-1] != 3 or c.size == 0:
+        planes = (c[..., 0], c[..., 1], c[..., 2])
+    else:
+        planes = cv2.split(np.ascontiguousarray(c).reshape(-1, 1, 3))
+    out = np.multiply(planes[0], np.float32(0.299), dtype=np.float32)
+    out += np.multiply(planes[1], np.float32(0.587), dtype=np.float32)
+    out += np.multiply(planes[2], np.float32(0.114), dtype=np.float32)
+    return out.reshape(c.shape[:-1])
 
 
 def local_contrast(gray: np.ndarray) -> np.ndarray:
@@ -188,8 +195,10 @@ def batch_sky_stats(pre: np.ndarray, post: np.ndarray) -> list[SkyStats]:
         return []
     gp, gq = luminance(pre), luminance(post)
     cp, cq = _batch_contrast(gp), _batch_contrast(gq)
-    bright = ((gq > CLOUD_BRIGHT) & (cq < CLOUD_FLAT)).reshape(n, -1).mean(axis=1)
-    bright_pre = ((gp > CLOUD_BRIGHT) & (cp < CLOUD_FLAT)).reshape(n, -1).mean(axis=1)
+    pixels = gp[0].size
+    bright = np.count_nonzero(((gq > CLOUD_BRIGHT) & (cq < CLOUD_FLAT)).reshape(n, -1), axis=1)
+    bright_pre = np.count_nonzero(((gp > CLOUD_BRIGHT) & (cp < CLOUD_FLAT)).reshape(n, -1), axis=1)
+    bright, bright_pre = bright / pixels, bright_pre / pixels  # the float64 means, exactly
     texture_pre, texture_post, mean_pre, mean_post = (
         a.reshape(n, -1).mean(axis=1) for a in (cp, cq, gp, gq)
     )
@@ -206,11 +215,20 @@ def batch_sky_stats(pre: np.ndarray, post: np.ndarray) -> list[SkyStats]:
 
 
 def _batch_contrast(gray: np.ndarray) -> np.ndarray:
-    """:func:`local_contrast` of every image of a float32 ``[N, H, W]`` batch."""
-    g = np.pad(np.asarray(gray, dtype=np.float32), ((0, 0), (1, 1), (1, 1)), mode="edge")
-    c = g[:, 1:-1, 1:-1]
-    lap = 4 * c - g[:, :-2, 1:-1] - g[:, 2:, 1:-1] - g[:, 1:-1, :-2] - g[:, 1:-1, 2:]
-    return np.abs(lap)
+    """:func:`local_contrast` of every image of a float32 ``[N, H, W]`` batch (the same
+    operations in the same order, in place, on an edge-replicated copy made by slicing)."""
+    gray = np.asarray(gray, dtype=np.float32)
+    n, h, w = gray.shape
+    g = np.empty((n, h + 2, w + 2), np.float32)
+    g[:, 1:-1, 1:-1] = gray
+    g[:, 0, 1:-1], g[:, -1, 1:-1] = gray[:, 0], gray[:, -1]
+    g[:, :, 0], g[:, :, -1] = g[:, :, 1], g[:, :, -2]
+    lap = np.multiply(g[:, 1:-1, 1:-1], np.float32(4))
+    lap -= g[:, :-2, 1:-1]
+    lap -= g[:, 2:, 1:-1]
+    lap -= g[:, 1:-1, :-2]
+    lap -= g[:, 1:-1, 2:]
+    return np.abs(lap, out=lap)
 
 
 def misaligned_flag(shift_px: float | None, limit: float = MISALIGNED_PX) -> bool:

@@ -142,6 +142,27 @@ def test_luminance_channel_by_channel_equals_converting_the_whole_chip():
     assert np.array_equal(luminance(c), want)  # float input: the formula as it is
 
 
+def test_luminance_of_views_and_single_chips_equals_the_formula():
+    rng = np.random.default_rng(9)
+    big = rng.integers(0, 256, (5, 40, 50, 4), dtype=np.uint8)
+    for chips in (big[..., :3], big[1:4, 3:30, ::2, 1:], big[0, :, :, :3], big[:0, ..., :3]):
+        c = chips.astype(np.float32)
+        want = 0.299 * c[..., 0] + 0.587 * c[..., 1] + 0.114 * c[..., 2]
+        got = luminance(chips)
+        assert got.shape == chips.shape[:-1] and np.array_equal(got, want)
+
+
+def test_batch_contrast_equals_the_laplacian_of_each_image_bit_for_bit():
+    from runtime.flags import _batch_contrast, local_contrast
+
+    rng = np.random.default_rng(4)
+    for shape in ((3, 1, 1), (4, 2, 7), (6, 33, 64)):
+        gray = luminance(rng.integers(0, 256, (*shape, 3), dtype=np.uint8))
+        got = _batch_contrast(gray)
+        for g, want in zip(got, (local_contrast(x) for x in gray), strict=True):
+            assert g.dtype == np.float32 and np.array_equal(g.view(np.uint32), want.view(np.uint32))
+
+
 def test_batch_sky_stats_equal_per_pair_bit_for_bit():
     rng = np.random.default_rng(5)
     for side in (17, 64, 128):

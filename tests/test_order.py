@@ -81,6 +81,59 @@ def test_sample_is_bounded_and_seeded():
     assert all(int(c[0, 0, 0]) == r % 251 for r, c in zip(a.rows, a.pre, strict=True))
 
 
+class _ReadsTheChip:
+    """A model whose grade is written in the chip it is given as pre (1: destroyed, else
+    no-damage), counting the pairs it grades: the stopping rule of ``grade_order`` is what is
+    under test here, the network's part is the bundled model's in the tests below."""
+
+    def __init__(self):
+        self.graded = 0
+
+    def predict(self, pre, post, batch_size=32):
+        from types import SimpleNamespace
+
+        self.graded += len(pre)
+        probabilities = np.zeros((len(pre), 4), np.float32)
+        probabilities[np.arange(len(pre)), 3 * (pre[:, 0, 0, 0] == 1)] = 1.0
+        return SimpleNamespace(probabilities=probabilities)
+
+
+def test_exchanged_grading_stops_only_when_the_rest_cannot_matter():
+    """Over random samples the verdict, and the figures of a reversed sample, are those of the
+    whole sample graded exchanged; a stop leaves no way for the rest to make it reversed."""
+    from app.scoring.order import MIN_SAMPLE, OrderSample, grade_order, looks_reversed
+
+    rng = np.random.default_rng(3)
+    saved = reversed_seen = 0
+    for _ in range(300):
+        n = int(rng.integers(MIN_SAMPLE, 65))
+        exchanged = rng.random(n) < rng.choice([0.05, 0.3, 0.6, 0.95])
+        given = (rng.random(n) < rng.choice([0.05, 0.3, 0.6])).astype(int)
+        sample = OrderSample(size=64)
+        for row in range(n):
+            post = np.full((4, 4, 3), int(exchanged[row]), np.uint8)  # graded as pre when exchanged
+            sample.offer(row, np.zeros((4, 4, 3), np.uint8), post)
+        model = _ReadsTheChip()
+        got = grade_order(model, sample, given, step=8)
+        full = float(exchanged.mean())
+        assert got.reversed == looks_reversed(n, float((given > 0).mean()), full)
+        assert model.graded == got.exchanged and got.to_dict()["exchanged"] == got.exchanged
+        if got.exchanged < n:
+            saved += 1
+            d = round((got.damaged_exchanged or 0.0) * got.exchanged)
+            assert not looks_reversed(n, got.damaged_given, (d + n - got.exchanged) / n)
+        if got.reversed:
+            reversed_seen += 1
+            assert got.exchanged == n and got.damaged_exchanged == full
+    assert saved > 50 and reversed_seen > 20
+    sample = OrderSample()
+    for row in range(20):
+        sample.offer(row, np.zeros((4, 4, 3), np.uint8), np.ones((4, 4, 3), np.uint8))
+    model = _ReadsTheChip()
+    got = grade_order(model, sample, np.full(20, 2))  # all damaged as given: cannot be reversed
+    assert model.graded == 0 and got.to_dict()["damaged_exchanged"] is None and not got.reversed
+
+
 def test_swapped_dates_warn_everywhere(tmp_path, dated_scene, score_model, capsys):
     """Post dated before pre: the CLI, the JSON report and both vector formats say so."""
     import pyogrio
