@@ -45,8 +45,7 @@ EXCHANGED_DAMAGED = 0.5
 MARGIN = 0.3
 #: Seed of the sample.
 SEED = 0
-#: Sampled buildings graded exchanged between two looks at whether the rest could still matter
-#: (ONNX Runtime grades 8 chip pairs at the same cost per pair as 32).
+#: Sampled buildings graded exchanged between two looks at whether the rest could still matter.
 STEP = 8
 #: Metadata keys holding the date an image was taken, upper case without ``_``/``-``/spaces.
 DATE_KEYS = (
@@ -227,18 +226,13 @@ class GradeOrder:
     sample: int
     damaged_given: float
     damaged_exchanged: float | None
-    exchanged: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.exchanged is None:
-            self.exchanged = self.sample
+    exchanged: int
 
     @property
     def reversed(self) -> bool:
-        return (
-            self.exchanged == self.sample
-            and self.damaged_exchanged is not None
-            and looks_reversed(self.sample, self.damaged_given, self.damaged_exchanged)
+        """The rule on the whole sample (a sample graded only in part cannot look reversed)."""
+        return self.exchanged == self.sample and looks_reversed(
+            self.sample, self.damaged_given, self.damaged_exchanged or 0.0
         )
 
     def to_dict(self) -> dict:
