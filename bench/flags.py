@@ -38,10 +38,12 @@ from cli.options import MODEL_CHOICE, add_model_args, add_report_args
 from data_prep.split import fold_indices
 from data_prep.store import ChipReader, StoreError, read_manifest
 from runtime.contract import ModelError
-from runtime.flags import BLANK, CLOUD, FLAGS, HAZE, MISALIGNED, OOD, Flagger
+from runtime.flags import BLANK, CLOUD, FLAGS, HAZE, MISALIGNED, OOD, OVERSIZED, Flagger
 from runtime.predictor import Predictor
 from runtime.registry import default_model
 
+#: The flags of chip pairs (``oversized`` is raised on detected footprints, not on chips).
+CHIP_FLAGS = tuple(f for f in FLAGS if f != OVERSIZED)
 #: Default shift of the ``shifted post`` case, in chip pixels.
 SHIFT_PX = 8.0
 
@@ -112,7 +114,7 @@ def fold_records(chips: Path, fold: int | None) -> tuple[list[dict], list[dict]]
 
 def _rates(flags: list[list[str]]) -> dict[str, float]:
     n = max(len(flags), 1)
-    out = {f: sum(f in fl for fl in flags) / n for f in FLAGS}
+    out = {f: sum(f in fl for fl in flags) / n for f in CHIP_FLAGS}
     out["any"] = sum(bool(fl) for fl in flags) / n
     return out
 
@@ -226,7 +228,7 @@ def bench_flags(
 
 def format_result(result: dict[str, Any]) -> str:
     """The figures as two plain-text tables."""
-    cols = [*FLAGS, "any"]
+    cols = [*CHIP_FLAGS, "any"]
     head = f"{'':<14} {'n':>5}  " + "  ".join(f"{c:>10}" for c in cols)
     where = f"fold {result['fold']}" if result["fold"] is not None else "every chip"
     lines = [

@@ -107,6 +107,18 @@ def building_polygons(label: str | os.PathLike) -> list:
     return [g for g in geoms if g is not None and not g.is_empty]
 
 
+def largest_building_px(tiles: Sequence[MaskTile]) -> int | None:
+    """The largest building footprint of ``tiles``' labels, in native pixels (rounded up); None
+    when they hold no building. A localiser trained on them has never seen a larger building."""
+    import math
+
+    import shapely
+
+    areas = [float(shapely.area(building_polygons(t.label)).max(initial=0.0)) for t in tiles]
+    largest = max(areas, default=0.0)
+    return math.ceil(largest) if largest > 0 else None
+
+
 def rasterize_mask(polygons: Sequence, shape: tuple[int, int], scale: float = 1.0) -> np.ndarray:
     """Burn building polygons into a uint8 mask (1 = building).
 

@@ -35,9 +35,11 @@ from data_prep.quality import blank_reasons, is_blank
 from data_prep.residual import CONTEXT_LIMIT_PX, residual_shift
 from runtime.contract import ModelError
 
-#: Every flag name, in the order they are written.
-FLAGS = ("blank", "cloud", "haze", "misaligned", "ood")
-BLANK, CLOUD, HAZE, MISALIGNED, OOD = FLAGS
+#: Every flag name, in the order they are written. All but ``oversized`` are raised on the chips
+#: (:class:`Flagger`); ``oversized`` by scoring, on a detected footprint larger than any building
+#: its localiser learnt from (``app.scoring.common.flag_oversized``).
+FLAGS = ("blank", "cloud", "haze", "misaligned", "ood", "oversized")
+BLANK, CLOUD, HAZE, MISALIGNED, OOD, OVERSIZED = FLAGS
 #: Output column holding the flags.
 COLUMN = "flags"
 #: Separator of flag names in the column.
@@ -418,8 +420,8 @@ class Flagger:
     @property
     def checks(self) -> list[str]:
         """The flags this flagger can raise (``ood`` only with prototypes, ``misaligned`` only
-        with a shift measurement)."""
-        off = {OOD} if self.ood is None else set()
+        with a shift measurement; ``oversized`` is scoring's, on detected footprints)."""
+        off = {OVERSIZED} | ({OOD} if self.ood is None else set())
         if self.measure_shift is None:
             off.add(MISALIGNED)
         return [f for f in FLAGS if f not in off]

@@ -5,7 +5,9 @@ A localiser model file (``local-damage localize export``; docs/localize.md) take
 ``building`` ``[N, H, W]``, the building probability of every pixel. Its metadata props (JSON
 text) say how to apply it: ``task`` ``"localize"``, ``scale`` (the image is resized by it
 first), ``tile_size`` (window side in model-input pixels), ``threshold`` and ``min_area_px``
-(smallest blob kept, native pixels).
+(smallest blob kept, native pixels), and optionally ``largest_building_px`` (the largest building
+footprint of its training tiles, native pixels: scoring flags a detection larger than that
+``oversized``).
 
 :class:`Localizer` applies it to one image (:meth:`Localizer.predict`: resize, overlapping
 windows whose centres are kept, resize back; :meth:`Localizer.mask`; :meth:`Localizer.detect`:
@@ -78,6 +80,8 @@ class Localizer:
         tile_size: window side in model-input pixels (a multiple of 32).
         threshold: building probability threshold.
         min_area_px: smallest blob kept, in native pixels.
+        largest_building_px: the largest building footprint of its training tiles in native
+            pixels, or None when the file does not say (then nothing is flagged ``oversized``).
 
     Raises:
         ModelError: the file is missing, not ONNX, a damage model, or not a valid localiser.
@@ -136,6 +140,11 @@ class Localizer:
             raise self._fail(f"metadata tile_size must be a multiple of 32, got {self.tile_size}")
         self.threshold: float = number("threshold", 0.0, 1.0)
         self.min_area_px: int = number("min_area_px", 0, 10**9, integer=True)
+        self.largest_building_px: int | None = (
+            number("largest_building_px", 1, 10**12, integer=True)
+            if md.get("largest_building_px") is not None
+            else None
+        )
         inputs = self._session.get_inputs()
         if [i.name for i in inputs] != [LOCALIZER_INPUT] or inputs[0].type != "tensor(uint8)":
             raise self._fail(
@@ -262,6 +271,7 @@ class Localizer:
             "tile_size": self.tile_size,
             "threshold": self.threshold,
             "min_area_px": self.min_area_px,
+            "largest_building_px": self.largest_building_px,
             "flip_tta": bool(md.get("flip_tta", False)),
             "trained_on": md.get("trained_on"),
             "metrics": md.get("metrics"),

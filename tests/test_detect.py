@@ -54,8 +54,10 @@ def make_localizer(
     threshold: float = 0.5,
     min_area_px: int = 20,
     task: str = "localize",
+    largest_building_px: int | None = None,
 ) -> Path:
-    """A tiny localiser ONNX file: sigmoid(0.2 * (mean over channels - level))."""
+    """A tiny localiser ONNX file: sigmoid(0.2 * (mean over channels - level)); with
+    ``largest_building_px``, that metadata prop too."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -90,6 +92,8 @@ def make_localizer(
         "training": {},
         "metrics": {},
     }
+    if largest_building_px is not None:
+        props["largest_building_px"] = largest_building_px
     helper.set_model_props(model, {k: json.dumps(v) for k, v in props.items()})
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,13 +138,16 @@ def loc(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rect_scene(tmp_path_factory) -> dict:
+    return make_rect_scene(tmp_path_factory.mktemp("rects"))
+
+
+def make_rect_scene(root: Path) -> dict:
     """Georeferenced pre/post GeoTIFFs, the same pair as PNGs, and the true footprints."""
     import shapely
     from affine import Affine
 
     from data_prep.synthetic_scene import write_footprints
 
-    root = tmp_path_factory.mktemp("rects")
     pre, post = draw(), draw(destroyed=(1, 5))
     t = Affine(RES, 0, X0, 0, -RES, Y0)
     boxes = [shapely.box(*(t @ (c0, r1)), *(t @ (c1, r0))) for c0, r0, c1, r1 in RECTS]

@@ -245,6 +245,19 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     assert meta["license"] is None  # synthetic data: no xBD licence to carry
     assert meta["training"]["data"]["crop_size"] == 64
     assert meta["metrics"]["calibration"]["fold"] == 0
+    # the largest building of the training tiles (not of the calibration or test tiles), by
+    # the rectangles' sides
+    import shapely
+
+    train = json.loads((run / "summary.json").read_text())["train_tiles"]
+    sides = [
+        shapely.from_wkt(f["wkt"]).bounds
+        for name in train
+        for f in json.loads((rect_root / "labels" / f"{name}_pre_disaster.json").read_text())[
+            "features"
+        ]["xy"]
+    ]
+    assert meta["largest_building_px"] == max((x1 - x0) * (y1 - y0) for x0, y0, x1, y1 in sides)
     # ONNX Runtime agrees with PyTorch at another batch size and window shape
     cfg, _, net = load_localize_run(run)
     assert meta["flip_tta"] is cfg.model.flip_tta

@@ -32,7 +32,8 @@ from data_prep.quality import BLANK
 from data_prep.report import Skipped
 from data_prep.timing import StageTimes, stage_table
 from runtime.flags import BLANK as BLANK_FLAG
-from runtime.flags import Flagger, flags_text
+from runtime.flags import OVERSIZED as OVERSIZED_FLAG
+from runtime.flags import Flagger, flags_text, parse_flags
 from runtime.grading import check_cost, grades, rule_text
 
 if TYPE_CHECKING:
@@ -61,6 +62,12 @@ GRADES_KEY = "local_damage_grades"
 STAGES = ("open", "align", "plan", "read", "cut", "context", "infer", "flags", "order", "outputs")
 
 
+#: ``source`` of a building whose footprint was supplied.
+GIVEN = "given"
+#: ``source`` of a building found by the localiser (:mod:`app.scoring.detect`).
+DETECTED = "detected"
+
+
 @dataclass(frozen=True)
 class ScoreOptions:
     """How buildings are scored; the inputs and outputs are the scoring function's arguments.
@@ -78,6 +85,10 @@ class ScoreOptions:
             which its summary and its dict then show.
         false_alarm_cost: a damaged grade only where at least this many times as probable as
             no-damage (:mod:`runtime.grading`; 1: the most probable grade).
+        largest_building_px: buildings the localiser found (``source`` ``detected``) whose
+            footprint covers more pixels of the pre imagery than this are flagged ``oversized``:
+            larger than any building the localiser learnt from (its metadata's
+            ``largest_building_px``; None: no such flag). Given footprints are never flagged.
     """
 
     batch_size: int = 32
@@ -87,9 +98,14 @@ class ScoreOptions:
     progress: bool = True
     profile: bool = False
     false_alarm_cost: float = 1.0
+    largest_building_px: int | None = None
 
     def __post_init__(self) -> None:
         check_cost(self.false_alarm_cost)
+        if self.largest_building_px is not None and not self.largest_building_px > 0:
+            raise ValueError(
+                f"largest_building_px must be positive, got {self.largest_building_px!r}"
+            )
 
 
 @contextmanager
@@ -353,6 +369,28 @@ class Batcher:
 def record_order(report: ScoreReport, check: OrderCheck) -> None:
     """Put the order check into the report (its dict, and its warning when it looks reversed)."""
     report.order, report.order_warning = check.to_dict(), check.warning()
+
+
+def flag_oversized(
+    report: ScoreReport, scores: Scores, areas_px: np.ndarray, largest_px: int | None
+) -> int:
+    """Flag ``oversized`` the scored detected buildings whose footprint covers more than
+    ``largest_px`` pixels of the pre imagery (``areas_px``: float [n], NaN where unknown), and
+    say so in the report's notes. Given footprints and ``largest_px`` None flag nothing.
+    Returns how many were flagged."""
+    if largest_px is None or scores.source != DETECTED:
+        return 0
+    areas = np.nan_to_num(np.asarray(areas_px, dtype=np.float64), nan=0.0)
+    rows = np.flatnonzero((scores.class_id >= 0) & (areas > largest_px))
+    for row in rows:
+        scores.flags[row] = flags_text(parse_flags(scores.flags[row]) + [OVERSIZED_FLAG])
+    if len(rows):
+        report.notes.append(
+            f"{len(rows)} detected building(s) cover more than {largest_px:,} px, more than any "
+            "building the localiser learnt from: flagged oversized (cloud, bare ground or "
+            "merged roofs are likelier than one building; check them)"
+        )
+    return len(rows)
 
 
 def report_counts(report: ScoreReport, scores: Scores) -> None:

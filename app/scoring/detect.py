@@ -4,7 +4,9 @@ Given no footprint file, :func:`score_scene_detected` and :func:`score_xbd_detec
 buildings with a localiser (:mod:`runtime.localizer`), then grade them with
 :func:`app.scoring.scene.score_scene` and :func:`app.scoring.xbd.score_xbd` exactly as supplied
 footprints are graded; every output feature says where its building came from in a ``source``
-column, ``given`` (supplied footprints) or ``detected`` (found by the localiser).
+column, ``given`` (supplied footprints) or ``detected`` (found by the localiser). A detected
+building larger than any building the localiser learnt from (its ``largest_building_px``) is
+flagged ``oversized``: a cloud, bare ground or merged roofs are likelier than one building.
 
 - Scene mode: :func:`detect_scene_footprints` reads the pre mosaic one block at a time
   (:func:`runtime.localizer.detect_scene`) and writes the buildings, in the pre grid's CRS, to a
@@ -19,6 +21,7 @@ building's chips, corrections and Adapt work on detected buildings as on uploade
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from app.scoring.common import (
+    DETECTED,
     ScoreOptions,
     ScoreReport,
     bounded_gdal_cache,
@@ -46,10 +50,6 @@ from data_prep.xbd_tiles import read_tile_pair
 from runtime.contract import ModelError
 from runtime.localizer import detect_scene, load_localizer
 
-#: ``source`` of a building whose footprint was supplied.
-GIVEN = "given"
-#: ``source`` of a building found by the localiser.
-DETECTED = "detected"
 #: ``uid`` prefix of detected buildings.
 UID_PREFIX = "detected-"
 
@@ -174,6 +174,16 @@ def detect_xbd_labels(
     return n
 
 
+def with_largest_building(options: ScoreOptions, localizer) -> ScoreOptions:
+    """``options`` with the localiser's ``largest_building_px``, so that scoring flags the
+    detections larger than any building it learnt from ``oversized`` (unchanged when the
+    options already set one or the localiser file does not say)."""
+    largest = getattr(localizer, "largest_building_px", None)
+    if options.largest_building_px is not None or largest is None:
+        return options
+    return dataclasses.replace(options, largest_building_px=int(largest))
+
+
 def scene_name(pre: str | os.PathLike) -> str:
     """A scene name from a pre image: its stem without ``_pre_disaster``."""
     return re.sub(r"_(pre|post)_disaster$", "", Path(pre).stem) or "scene"
@@ -282,7 +292,7 @@ def score_scene_detected(
             web_map=web_map,
             name=name or scene_name(pre[0]),
             source=DETECTED,
-            options=options,
+            options=with_largest_building(options, localizer),
             building_item=f"{', '.join(map(str, pre))}: detected building",
         )
     report.detected, report.seconds = found, time.perf_counter() - start
@@ -338,7 +348,7 @@ def score_xbd_detected(
             web_map=web_map,
             name=name,
             source=DETECTED,
-            options=options,
+            options=with_largest_building(options, localizer),
             building_item=f"{pre}: detected building",
         )
     report.detected, report.seconds = found, time.perf_counter() - start

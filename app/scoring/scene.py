@@ -39,6 +39,7 @@ import numpy as np
 
 from app.scoring import outputs, webmap
 from app.scoring.common import (
+    DETECTED,
     NOT_COVERED,
     SKIPPED,
     Batcher,
@@ -48,6 +49,7 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    flag_oversized,
     grade_rule,
     record_order,
     report_counts,
@@ -214,6 +216,14 @@ def score_scene(
             else:
                 batcher.add(row, b.pre, b.post, b.context_px)
         batcher.flush()
+        if options.largest_building_px is not None and source == DETECTED:
+            import shapely
+
+            areas = np.full(n, np.nan)  # grid pixels each footprint covers
+            areas[footprints.rows] = shapely.area(footprints.geometries) / abs(
+                scene.grid.transform.determinant
+            )
+            flag_oversized(report, scores, areas, options.largest_building_px)
         report.skipped.extend(scene.all_skipped())
         report_counts(report, scores)
         with timer.stage("order"):

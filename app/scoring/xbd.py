@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from app.scoring import outputs, webmap
 from app.scoring.common import (
+    DETECTED,
     NOT_COVERED,
     SKIPPED,
     Batcher,
@@ -30,6 +31,7 @@ from app.scoring.common import (
     all_or_nothing,
     bounded_gdal_cache,
     check_outputs,
+    flag_oversized,
     grade_rule,
     image_georef,
     record_order,
@@ -225,6 +227,8 @@ def score_xbd(
         shift = image_context_residual(pre_img, post_img, b.centroid, window.size)
         batcher.add(row, pre_chip, post_chip, shift)
     batcher.flush()
+    if options.largest_building_px is not None and source == DETECTED:
+        flag_oversized(report, scores, _pixel_areas(features), options.largest_building_px)
     report_counts(report, scores)
     order = check_order(
         [pre], [post], predictor, batcher.sample, scores.most_probable(), options.batch_size
@@ -338,3 +342,9 @@ def _xbd_attributes(features: list[dict]) -> tuple[dict, dict]:
         )
         masks[k] = np.array([v is None for v in values], dtype=bool)
     return attrs, masks
+
+
+def _pixel_areas(features: list[dict]) -> np.ndarray:
+    """float [n]: the pixels each feature's ``wkt`` polygon covers (NaN without a usable one)."""
+    geoms = [_safe_wkt(f["wkt"]) for f in features]
+    return np.array([np.nan if g is None else g.area for g in geoms], dtype=np.float64)

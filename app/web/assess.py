@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.scoring.common import ScoreOptions, image_georef, probability_columns
-from app.scoring.detect import DETECTED, detect_tile
+from app.scoring.detect import DETECTED, detect_tile, with_largest_building
 from app.scoring.outputs import OutputError
 from app.scoring.scene import score_scene
 from app.scoring.xbd import score_xbd
@@ -405,12 +405,15 @@ def assess_tile(
                         "xBD label JSON with pixel polygons"
                     )
             score, images = score_scene, ([pre], [post])
+        options = ScoreOptions(
+            batch_size=batch_size, max_pixels=limit, progress=False,
+            false_alarm_cost=false_alarm_cost,
+        )  # fmt: skip
+        if source == DETECTED:
+            options = with_largest_building(options, localizer)
         report = score(
             predictor, *images, footprints, vector, overlay=overlay, name=scene, source=source,
-            options=ScoreOptions(
-                batch_size=batch_size, max_pixels=limit, progress=False,
-                false_alarm_cost=false_alarm_cost,
-            ),
+            options=options,
             web_map=web_map,
         )  # fmt: skip
         if mode == "xbd" and report.buildings and report.not_covered == report.buildings:

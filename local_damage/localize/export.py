@@ -4,7 +4,9 @@ The graph (:class:`~local_damage.localize.model.UInt8Localizer`) takes ``image``
 ``[N, H, W, 3]`` (N, H and W dynamic; H and W multiples of 32) and returns ``building`` float32
 ``[N, H, W]``, the building probability (normalisation and sigmoid are inside). Metadata props,
 each value JSON text: ``format_version`` (1), ``task`` (``"localize"``), ``tile_size``, ``flip_tta``,
-``scale``, ``threshold``, ``min_area_px``, ``trained_on``, ``license``, ``training`` (the
+``scale``, ``threshold``, ``min_area_px``, ``largest_building_px`` (the largest building
+footprint of the training tiles, native pixels; scoring flags larger detections ``oversized``),
+``trained_on``, ``license``, ``training`` (the
 resolved config), ``metrics`` (held-out and validation pixel figures, tiles and folds),
 ``training_data``, ``precision``, ``parity``, ``created_by`` and ``created``.
 
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from data_prep.masks import find_mask_tiles, load_mask_tile
+from data_prep.masks import find_mask_tiles, largest_building_px, load_mask_tile
 from data_prep.xbd_tiles import as_roots, roots_label
 from local_damage import __version__
 from local_damage.config import load_yaml, to_dict
@@ -239,6 +241,9 @@ def export_localizer(
         "scale": scale,
         "threshold": float(op["threshold"]),
         "min_area_px": int(op["min_area_px"]),
+        "largest_building_px": largest_building_px(
+            [tiles[n] for n in summary["train_tiles"] if n in tiles]
+        ),
         "flip_tta": bool(cfg.model.flip_tta),
         "trained_on": trained_on,
         "license": XBD_SPDX if xbd else None,
