@@ -88,7 +88,10 @@ class LoopConfig:
         val_every: validate on the validation tiles every this many epochs (and after the last).
         keep: ``"best"`` (the epoch of highest validation pixel F1) or ``"last"``.
         amp: ``"bf16"``: training steps under bfloat16 autocast (several times faster on CPUs
-            with AVX-512 BF16 or AMX; validation and export stay fp32), or ``"off"``.
+            with AVX-512 BF16 or AMX; validation and export stay fp32), ``"off"``, or
+            ``"auto"``: bf16 where the CPU computes bfloat16 natively, else off (a CPU without
+            it emulates bfloat16, about ten times slower than fp32:
+            :func:`local_damage.localize.train.training_precision`).
     """
 
     epochs: int = 30
@@ -102,8 +105,8 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.keep not in ("best", "last"):
             raise ValueError(f"train.keep must be best or last, got {self.keep!r}")
-        if self.amp not in ("bf16", "off"):
-            raise ValueError(f"train.amp must be bf16 or off, got {self.amp!r}")
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ValueError(f"train.amp must be auto, bf16 or off, got {self.amp!r}")
         if self.batch_size < 1 or self.epochs < 1 or self.val_every < 1:
             raise ValueError("train.batch_size, train.epochs and train.val_every must be >= 1")
 
