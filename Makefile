@@ -108,7 +108,8 @@ default-model-heldout: default-chips
 ## The building localiser, models/localizer.onnx (docs/localize.md, models/localizer.md), on the
 ## tiles of both folders with the default model's folds: trained on folds 0, 1 and 4, its epoch,
 ## threshold and smallest blob chosen on fold 3, never shown fold 2 (the default model's held-out
-## fold), scored there, and exported int8 with those figures. About 60 minutes on one thread.
+## fold), scored there, and exported int8 with those figures. About 60 minutes on one thread of a
+## CPU with native bfloat16 (docs/localize.md: fp32 elsewhere, several hours).
 localizer: all-chips
 	$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
 		--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --holdout $(DEFAULT_FOLD) \
@@ -122,7 +123,8 @@ localizer: all-chips
 
 ## The localiser's figures over all five folds: for each test fold K, trained without folds K and
 ## K+1 (mod 5), epoch, threshold and smallest blob chosen on fold K+1, scored on fold K (fold 2 is
-## the shipped model's run). About an hour per fold on one thread; finished folds are kept.
+## the shipped model's run). About an hour per fold on one thread of a CPU with native bfloat16
+## (AVX-512 BF16 or AMX); about 6-7 hours in fp32 on an AVX2-only CPU. Finished folds are kept.
 localizer-cv: all-chips
 	for k in 0 1 2 3 4; do \
 		run=$(LOCALIZER)/all-f$$k; calib=$$(( (k + 1) % 5 )); \
