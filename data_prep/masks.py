@@ -18,6 +18,7 @@ the same test tiles.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -110,8 +111,6 @@ def building_polygons(label: str | os.PathLike) -> list:
 def largest_building_px(tiles: Sequence[MaskTile]) -> int | None:
     """The largest building footprint of ``tiles``' labels, in native pixels (rounded up); None
     when they hold no building. A localiser trained on them has never seen a larger building."""
-    import math
-
     import shapely
 
     areas = [float(shapely.area(building_polygons(t.label)).max(initial=0.0)) for t in tiles]

@@ -216,7 +216,11 @@ def test_native_bf16_reads_this_cpu():
     if not cpuinfo.is_file():
         pytest.skip("no /proc/cpuinfo on this system")
     flags = set(cpuinfo.read_text().split())
-    assert native_bf16() == bool({"avx512_bf16", "amx_tile"} & flags)
+    if "avx512_bf16" in flags:
+        assert native_bf16()
+    elif "amx_tile" not in flags:
+        assert not native_bf16()
+    # AMX alone: the kernel may still withhold it from the process, so either answer is right
 
 
 def test_train_writes_a_run(tiny_run):

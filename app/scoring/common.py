@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,15 +372,16 @@ def record_order(report: ScoreReport, check: OrderCheck) -> None:
 
 
 def flag_oversized(
-    report: ScoreReport, scores: Scores, areas_px: np.ndarray, largest_px: int | None
+    report: ScoreReport, scores: Scores, areas_px: Callable[[], np.ndarray], largest_px: int | None
 ) -> int:
     """Flag ``oversized`` the scored detected buildings whose footprint covers more than
-    ``largest_px`` pixels of the pre imagery (``areas_px``: float [n], NaN where unknown), and
-    say so in the report's notes. Given footprints and ``largest_px`` None flag nothing.
+    ``largest_px`` pixels of the pre imagery, and say so in the report's notes. Given footprints
+    and ``largest_px`` None flag nothing. ``areas_px()`` gives every footprint's pixels (float
+    [n], NaN where unknown); it is called only when there is something to flag.
     Returns how many were flagged."""
     if largest_px is None or scores.source != DETECTED:
         return 0
-    areas = np.nan_to_num(np.asarray(areas_px, dtype=np.float64), nan=0.0)
+    areas = np.nan_to_num(np.asarray(areas_px(), dtype=np.float64), nan=0.0)
     rows = np.flatnonzero((scores.class_id >= 0) & (areas > largest_px))
     for row in rows:
         scores.flags[row] = flags_text(parse_flags(scores.flags[row]) + [OVERSIZED_FLAG])

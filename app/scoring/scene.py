@@ -39,7 +39,6 @@ import numpy as np
 
 from app.scoring import outputs, webmap
 from app.scoring.common import (
-    DETECTED,
     NOT_COVERED,
     SKIPPED,
     Batcher,
@@ -216,14 +215,12 @@ def score_scene(
             else:
                 batcher.add(row, b.pre, b.post, b.context_px)
         batcher.flush()
-        if options.largest_building_px is not None and source == DETECTED:
-            import shapely
-
-            areas = np.full(n, np.nan)  # grid pixels each footprint covers
-            areas[footprints.rows] = shapely.area(footprints.geometries) / abs(
-                scene.grid.transform.determinant
-            )
-            flag_oversized(report, scores, areas, options.largest_building_px)
+        flag_oversized(
+            report,
+            scores,
+            lambda: _pixel_areas(footprints, scene.grid, n),
+            options.largest_building_px,
+        )
         report.skipped.extend(scene.all_skipped())
         report_counts(report, scores)
         with timer.stage("order"):
@@ -251,6 +248,15 @@ def score_scene(
     if options.profile:
         report.stages = timer.as_dict()
     return report
+
+
+def _pixel_areas(footprints, grid, n: int) -> np.ndarray:
+    """float [n]: the grid pixels each footprint covers (NaN for features left out)."""
+    import shapely
+
+    areas = np.full(n, np.nan)
+    areas[footprints.rows] = shapely.area(footprints.geometries) / abs(grid.transform.determinant)
+    return areas
 
 
 def _scene_outputs(

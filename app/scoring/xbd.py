@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from app.scoring import outputs, webmap
 from app.scoring.common import (
-    DETECTED,
     NOT_COVERED,
     SKIPPED,
     Batcher,
@@ -227,8 +226,7 @@ def score_xbd(
         shift = image_context_residual(pre_img, post_img, b.centroid, window.size)
         batcher.add(row, pre_chip, post_chip, shift)
     batcher.flush()
-    if options.largest_building_px is not None and source == DETECTED:
-        flag_oversized(report, scores, _pixel_areas(features), options.largest_building_px)
+    flag_oversized(report, scores, lambda: _pixel_areas(features), options.largest_building_px)
     report_counts(report, scores)
     order = check_order(
         [pre], [post], predictor, batcher.sample, scores.most_probable(), options.batch_size

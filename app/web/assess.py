@@ -409,11 +409,9 @@ def assess_tile(
             batch_size=batch_size, max_pixels=limit, progress=False,
             false_alarm_cost=false_alarm_cost,
         )  # fmt: skip
-        if source == DETECTED:
-            options = with_largest_building(options, localizer)
         report = score(
             predictor, *images, footprints, vector, overlay=overlay, name=scene, source=source,
-            options=options,
+            options=with_largest_building(options, localizer),
             web_map=web_map,
         )  # fmt: skip
         if mode == "xbd" and report.buildings and report.not_covered == report.buildings:
