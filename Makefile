@@ -23,6 +23,9 @@ DEFAULT_RUN := $(CV_OUT)/$(basename $(notdir $(RECIPE)))/fold$(DEFAULT_FOLD)
 # The localiser's run: the default model's folds, fold 2 held out, fold 3 its calibration fold.
 LOC_CALIB_FOLD := 3
 LOC_RUN := $(LOCALIZER)/all-f$(DEFAULT_FOLD)
+# Where `make localizer-cv` trains: cpu (one thread a fold), or cuda on a machine with a GPU
+# (`make localizer-cv LOC_DEVICE=cuda`: minutes a fold instead of hours; docs/localize.md#on-a-gpu).
+LOC_DEVICE ?= cpu
 # The previous studies' tiles: fold 1 of `split --folds 5 --seed 14` of the xBD sample (7 of 33
 # tiles, every event) was their test fold, fold 3 their calibration fold.
 HOLDOUT_SEED := 14
@@ -124,14 +127,15 @@ localizer: all-chips
 ## The localiser's figures over all five folds: for each test fold K, trained without folds K and
 ## K+1 (mod 5), epoch, threshold and smallest blob chosen on fold K+1, scored on fold K (fold 2 is
 ## the shipped model's run). About an hour per fold on one thread of a CPU with native bfloat16
-## (AVX-512 BF16 or AMX); about 6-7 hours in fp32 on an AVX2-only CPU. Finished folds are kept.
+## (AVX-512 BF16 or AMX); about 6-7 hours in fp32 on an AVX2-only CPU; LOC_DEVICE=cuda trains on a
+## GPU. Finished folds are kept.
 localizer-cv: all-chips
 	for k in 0 1 2 3 4; do \
 		run=$(LOCALIZER)/all-f$$k; calib=$$(( (k + 1) % 5 )); \
 		[ -f $$run/test.json ] && continue; \
 		$(BIN)/local-damage localize train --config configs/localize.yaml --xbd $(XBD) \
 			--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --holdout $$k --fold $$calib \
-			--set train.threads=1 --out $$run --quiet \
+			--set train.threads=1 --set train.device=$(LOC_DEVICE) --out $$run --quiet \
 		&& $(BIN)/local-damage localize export --run $$run --out $$run/model.onnx --quantize int8 \
 		&& $(BIN)/local-damage localize evaluate --model $$run/model.onnx --xbd $(XBD) \
 			--xbd $(XBD_EXTRA) --splits $(ALL_CHIPS)/splits.csv --fold $$k \

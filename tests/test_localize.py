@@ -208,6 +208,26 @@ def test_training_precision_follows_the_cpu(monkeypatch, caplog, amp, native, wa
     assert ("emulated" in caplog.text) is warns
 
 
+@pytest.mark.parametrize(
+    ("amp", "gpu_bf16", "want"),
+    [
+        ("off", True, "fp32"),
+        ("auto", True, "bf16"),
+        ("bf16", True, "bf16"),
+        ("auto", False, "fp16"),
+    ],
+)
+def test_training_precision_on_a_gpu(monkeypatch, amp, gpu_bf16, want):
+    """On CUDA the CPU's bfloat16 does not matter; a GPU without bfloat16 trains in fp16."""
+    import torch
+
+    import local_damage.localize.train as train
+
+    monkeypatch.setattr(train, "native_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: gpu_bf16)
+    assert train.training_precision(amp, torch.device("cuda")) == want
+
+
 def test_native_bf16_reads_this_cpu():
     """The check agrees with the CPU flags Linux reports (where it reports them)."""
     from local_damage.localize.train import native_bf16
@@ -221,6 +241,48 @@ def test_native_bf16_reads_this_cpu():
     elif "amx_tile" not in flags:
         assert not native_bf16()
     # AMX alone: the kernel may still withhold it from the process, so either answer is right
+
+
+def test_training_device_is_checked_before_any_tile(tmp_path):
+    import torch
+
+    from local_damage.config import ConfigError, load_yaml
+    from local_damage.localize.config import LocalizeConfig
+    from local_damage.localize.errors import LocalizeError
+    from local_damage.localize.train import train_localizer
+
+    with pytest.raises(ConfigError, match="train.device must be auto, cpu, cuda or cuda:N"):
+        load_yaml(LocalizeConfig, None, ["train.device=gpu"])
+    for name in ("cpu", "auto", "cuda", "cuda:1"):
+        assert load_yaml(LocalizeConfig, None, [f"train.device={name}"]).train.device == name
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the missing-CUDA error cannot be shown")
+    cfg = load_yaml(LocalizeConfig, None, ["train.device=cuda"])
+    missing = tmp_path / "no-such-root"  # a tile search here would fail with another message
+    with pytest.raises(LocalizeError, match="CUDA is not available"):
+        train_localizer(cfg, missing, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (train.device=cuda)"
+)
+def test_train_on_cuda_writes_cpu_weights(rect_root, tmp_path):
+    from safetensors.torch import load_file
+
+    from local_damage.config import load_yaml
+    from local_damage.localize.config import LocalizeConfig
+    from local_damage.localize.train import BEST, train_localizer
+
+    cfg = load_yaml(
+        LocalizeConfig, REPO / "configs" / "localize.yaml", [*TINY, "train.device=cuda"]
+    )
+    summary = train_localizer(
+        cfg, rect_root, tmp_path, fold=0, holdout=1, folds=3, split_seed=0, progress=False
+    )
+    assert summary["precision"] in ("bf16", "fp16") and summary["device"] != "cpu"
+    weights = load_file(str(tmp_path / BEST))
+    assert all(t.device.type == "cpu" for t in weights.values())
 
 
 def test_train_writes_a_run(tiny_run):
@@ -238,6 +300,7 @@ def test_train_writes_a_run(tiny_run):
 
     assert saved["config"]["train"]["amp"] == "auto"
     assert saved["precision"] == ("bf16" if native_bf16() else "fp32")
+    assert saved["device"] == "cpu" and saved["config"]["train"]["device"] == "cpu"
 
 
 def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):

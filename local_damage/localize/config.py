@@ -7,6 +7,7 @@ the exported model.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from local_damage.train.config import OptimConfig
@@ -91,7 +92,10 @@ class LoopConfig:
             with AVX-512 BF16 or AMX; validation and export stay fp32), ``"off"``, or
             ``"auto"``: bf16 where the CPU computes bfloat16 natively, else off (a CPU without
             it emulates bfloat16, about ten times slower than fp32:
-            :func:`local_damage.localize.train.training_precision`).
+            :func:`local_damage.localize.train.training_precision`). On a CUDA device ``auto``
+            and ``bf16`` are bfloat16 autocast (float16 where the GPU lacks bfloat16).
+        device: ``"cpu"``, ``"cuda[:N]"``, or ``"auto"`` (CUDA when available, else the CPU);
+            validation runs there too, export always on the CPU.
     """
 
     epochs: int = 30
@@ -101,12 +105,15 @@ class LoopConfig:
     val_every: int = 2
     keep: str = "best"
     amp: str = "off"
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.keep not in ("best", "last"):
             raise ValueError(f"train.keep must be best or last, got {self.keep!r}")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"train.amp must be auto, bf16 or off, got {self.amp!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.batch_size < 1 or self.epochs < 1 or self.val_every < 1:
             raise ValueError("train.batch_size, train.epochs and train.val_every must be >= 1")
 

@@ -106,6 +106,8 @@ def torch_model(net: nn.Module, flip_tta: bool = False):
     @torch.no_grad()
     def run(batch: np.ndarray) -> np.ndarray:
         net.eval()
-        return building_probability(net, normalize(torch.from_numpy(batch)), flip_tta).numpy()
+        device = next(net.parameters()).device
+        x = normalize(torch.from_numpy(batch).to(device))
+        return building_probability(net, x, flip_tta).float().cpu().numpy()
 
     return run
