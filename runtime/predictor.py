@@ -38,7 +38,9 @@ from runtime.contract import (
     SUPPORTED_FORMAT_VERSIONS,
     ModelError,
     open_session,
+    session_options,
 )
+from runtime.exchange import find_cut, head_model, with_outputs
 from runtime.flags import ood_summary
 from runtime.head import adaptation_summary, read_head
 
@@ -72,6 +74,9 @@ class Prediction(NamedTuple):
             has it; None otherwise.
         raw_logits: ``[N, K]`` float32 raw output of the graph (the same array as ``logits``
             for a model without an adapted head).
+        sides: ``[N, 2, ...]`` float32, each pair's encoder output for its pre and its post chip
+            (:mod:`runtime.exchange`), only when asked for and the model allows it; what
+            :meth:`Predictor.exchanged` grades the pairs exchanged from.
     """
 
     logits: np.ndarray
@@ -79,6 +84,7 @@ class Prediction(NamedTuple):
     embedding: np.ndarray
     change_map: np.ndarray | None = None
     raw_logits: np.ndarray | None = None
+    sides: np.ndarray | None = None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -157,6 +163,10 @@ class Predictor:
         self.path = Path(path)
         self._session, self.metadata = open_session(self.path, providers, threads, "model")
         self.providers: list[str] = list(self._session.get_providers())
+        self._threads = threads
+        # the encoder/head cut (runtime.exchange): unknown until sides are first asked for
+        self._cut: object = None
+        self._head = None
         self._check()
 
     def _fail(self, problem: str) -> ModelError:
@@ -244,6 +254,7 @@ class Predictor:
         post: np.ndarray,
         batch_size: int = 32,
         change_map: bool = False,
+        sides: bool = False,
     ) -> Prediction:
         """Score chip pairs.
 
@@ -254,6 +265,8 @@ class Predictor:
             batch_size: pairs per ONNX Runtime call.
             change_map: also return the latent correlation map when the model has it
                 (:attr:`has_change_map`).
+            sides: also return each pair's encoder output for :meth:`exchanged`, when the model
+                allows it (:attr:`can_exchange`); None in :attr:`Prediction.sides` otherwise.
 
         Returns:
             A :class:`Prediction`; ``N = 0`` gives empty ``[0, K]`` and ``[0, D]`` arrays.
@@ -282,7 +295,10 @@ class Predictor:
             )
         with_map = change_map and self.has_change_map
         names = [*OUTPUT_NAMES, CHANGE_MAP] if with_map else list(OUTPUT_NAMES)
-        logits, embedding, maps = [], [], []
+        cut = self._exchange_cut() if sides else None
+        if cut is not None:
+            names = [*names, *cut.names]
+        logits, embedding, maps, kept = [], [], [], []
         views = TTA_VIEWS[self.tta]
         for i in range(0, n, batch_size):
             a = resize_chips(pre[i : i + batch_size], self.input_size)
@@ -302,6 +318,8 @@ class Predictor:
                 z_sum = z_v if z_sum is None else z_sum + z_v
                 if with_map and j == 0:
                     maps.append(np.asarray(got[2], dtype=np.float32))
+                if cut is not None and j == 0:
+                    kept.append(self._sides(got[len(names) - len(cut.names) :], len(a)))
             if len(views) > 1:
                 lo_sum = lo_sum / np.float32(len(views))
                 norm = np.linalg.norm(z_sum, axis=1, keepdims=True)
@@ -317,7 +335,72 @@ class Predictor:
             z,
             np.concatenate(maps) if maps else None,
             raw,
+            np.concatenate(kept) if kept and all(k is not None for k in kept) else None,
         )
+
+    @property
+    def can_exchange(self) -> bool:
+        """Whether :meth:`exchanged` can grade pairs from their :attr:`Prediction.sides`: the
+        graph splits into encoder and head (:func:`runtime.exchange.find_cut`) and the pairs are
+        graded in one view (no test-time augmentation)."""
+        return self._exchange_cut() is not None
+
+    def _exchange_cut(self):
+        """The cut, building the session that outputs it and the head's session on first use;
+        None where the model has none (or uses test-time augmentation)."""
+        if self._cut is None:
+            self._cut = False
+            if self.tta == "none":
+                import onnx
+
+                try:
+                    proto = onnx.load(str(self.path))
+                    cut = find_cut(proto)
+                    if cut is not None:
+                        session = self._open(with_outputs(proto, cut))
+                        self._head = self._open(head_model(proto, cut))
+                        self._session, self._cut = session, cut
+                except Exception:  # noqa: BLE001 - any failure: the whole graph grades exchanged
+                    self._cut = False
+        return self._cut or None
+
+    def _open(self, proto):
+        """An ONNX Runtime session over an in-memory graph, with this predictor's providers and
+        threads."""
+        import onnxruntime as ort
+
+        return ort.InferenceSession(
+            proto.SerializeToString(), session_options(self._threads), providers=self.providers
+        )
+
+    def _sides(self, got: Sequence[np.ndarray], n: int) -> np.ndarray | None:
+        """``[n, 2, ...]`` from the cut's tensors of one run of ``n`` pairs; None (and no more
+        tries) when the slices' bounds are not the batch size, as the cut supposes."""
+        features, *bounds = got
+        if any(np.asarray(b).ravel().tolist() != [n] for b in bounds) or len(features) != 2 * n:
+            self._cut = False
+            return None
+        features = np.asarray(features, dtype=np.float32)
+        return np.stack([features[:n], features[n:]], axis=1)
+
+    def exchanged(self, sides: np.ndarray) -> Prediction:
+        """Grade pairs with pre and post exchanged from their :attr:`Prediction.sides`: the
+        same :class:`Prediction` (adapted head and temperature included) as :meth:`predict`
+        of the chips given the other way round, bit for bit, at the cost of the graph's head.
+
+        Raises:
+            ValueError: the model cannot (:attr:`can_exchange`).
+        """
+        cut = self._exchange_cut()
+        if cut is None:
+            raise ValueError(f"{self.path}: cannot grade pairs exchanged from their sides")
+        sides = np.asarray(sides, dtype=np.float32)
+        n = len(sides)
+        feed = {cut.features: np.ascontiguousarray(np.concatenate([sides[:, 1], sides[:, 0]]))}
+        feed.update({b: np.array([n], dtype=np.int64) for b in cut.bounds})
+        raw, z = (np.asarray(x, dtype=np.float32) for x in self._head.run(list(OUTPUT_NAMES), feed))
+        lo = raw if self.head is None else self.head.scores(raw, z)
+        return Prediction(lo, self.probabilities(lo), z, None, raw)
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """Class probabilities of ``[N, K]`` logits (:attr:`Prediction.logits`):

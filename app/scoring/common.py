@@ -352,7 +352,14 @@ class Batcher:
             return
         with self.timer.stage("infer"):
             pre, post = np.stack(self.pre), np.stack(self.post)
-            pred = self.predictor.predict(pre, post, batch_size=self.batch_size)
+            sampled = self.sample.wanted(self.rows)
+            pred = self.predictor.predict(
+                pre, post, batch_size=self.batch_size, sides=bool(sampled)
+            )
+            if pred.sides is not None:  # the order check grades these exchanged from them
+                self.sample.keep_sides(
+                    [self.rows[i] for i in sampled], pred.sides[np.asarray(sampled)]
+                )
             probs = np.asarray(pred.probabilities, dtype=np.float64)
             rows = np.asarray(self.rows)
             self.scores.probs[rows] = probs

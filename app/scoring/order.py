@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -99,34 +99,40 @@ class FileDate:
         return {"file": self.path, "key": self.key, "date": self.date.isoformat()}
 
 
-def file_dates(path: str | os.PathLike) -> tuple[FileDate | None, FileDate | None]:
+def file_dates(path: str | os.PathLike, dataset=None) -> tuple[FileDate | None, FileDate | None]:
     """``(acquired, written)``: the earliest acquisition date in any metadata namespace of a
     raster (:data:`DATE_KEYS`), and its ``TIFFTAG_DATETIME``; None where there is none or the
-    file cannot be read."""
+    file cannot be read. ``dataset``: the file already open in rasterio (it stays open)."""
     import rasterio
     from rasterio.errors import NotGeoreferencedWarning, RasterioError
 
-    found: list[FileDate] = []
-    written = None
     try:
+        if dataset is not None:
+            return _dates(str(path), dataset)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotGeoreferencedWarning)
             with rasterio.open(path) as ds:
-                namespaces = [None, *(ds.tag_namespaces() or [])]
-                for ns in namespaces:
-                    if ns is not None and ns.startswith(("DERIVED_SUBDATASETS", "xml:")):
-                        continue
-                    for key, value in (ds.tags(ns=ns) if ns else ds.tags()).items():
-                        date = parse_date(value)
-                        if date is None:
-                            continue
-                        name = f"{ns}:{key}" if ns else key
-                        if _norm(key) in DATE_KEYS:
-                            found.append(FileDate(str(path), name, date))
-                        elif key.upper() == FILE_DATE_KEY and written is None:
-                            written = FileDate(str(path), name, date)
+                return _dates(str(path), ds)
     except (RasterioError, OSError):
         return None, None
+
+
+def _dates(path: str, ds) -> tuple[FileDate | None, FileDate | None]:
+    found: list[FileDate] = []
+    written = None
+    namespaces = [None, *(ds.tag_namespaces() or [])]
+    for ns in namespaces:
+        if ns is not None and ns.startswith(("DERIVED_SUBDATASETS", "xml:")):
+            continue
+        for key, value in (ds.tags(ns=ns) if ns else ds.tags()).items():
+            date = parse_date(value)
+            if date is None:
+                continue
+            name = f"{ns}:{key}" if ns else key
+            if _norm(key) in DATE_KEYS:
+                found.append(FileDate(path, name, date))
+            elif key.upper() == FILE_DATE_KEY and written is None:
+                written = FileDate(path, name, date)
     return (min(found, key=lambda d: d.date) if found else None), written
 
 
@@ -158,15 +164,22 @@ class DateOrder:
         }
 
 
-def date_order(pre: Sequence[str | os.PathLike], post: Sequence[str | os.PathLike]) -> DateOrder:
-    """The order the acquisition dates in the pre and post files' metadata say."""
+def date_order(
+    pre: Sequence[str | os.PathLike],
+    post: Sequence[str | os.PathLike],
+    opened: Mapping[str, object] | None = None,
+) -> DateOrder:
+    """The order the acquisition dates in the pre and post files' metadata say; ``opened``
+    maps a path (as text) to its file already open in rasterio, read instead of opening it
+    again."""
+    opened = opened or {}
     out = DateOrder()
     for paths, dated, written in (
         (pre, out.pre, out.written_pre),
         (post, out.post, out.written_post),
     ):
         for p in paths:
-            acquired, made = file_dates(p)
+            acquired, made = file_dates(p, opened.get(str(p)))
             if acquired is not None:
                 dated.append(acquired)
             if made is not None:
@@ -185,7 +198,12 @@ def date_order(pre: Sequence[str | os.PathLike], post: Sequence[str | os.PathLik
 
 class OrderSample:
     """A seeded reservoir of at most ``size`` graded chip pairs, offered one at a time in the
-    order the buildings are graded (every building equally likely to be kept)."""
+    order the buildings are graded (every building equally likely to be kept).
+
+    Besides its chips, a kept pair may be given its encoder output once graded
+    (:meth:`keep_sides`); when every kept pair has it, the check grades them exchanged from it
+    (:meth:`runtime.predictor.Predictor.exchanged`) instead of running the whole network again.
+    """
 
     def __init__(self, size: int = SAMPLE_SIZE, seed: int = SEED):
         self.size = int(size)
@@ -194,6 +212,7 @@ class OrderSample:
         self.rows: list[int] = []
         self.pre: list[np.ndarray] = []
         self.post: list[np.ndarray] = []
+        self.sides: list[np.ndarray | None] = []
 
     def offer(self, row: int, pre: np.ndarray, post: np.ndarray) -> None:
         """Consider one graded building (its row in the scores and its chips; a kept chip is
@@ -203,10 +222,31 @@ class OrderSample:
             self.rows.append(int(row))
             self.pre.append(np.array(pre))
             self.post.append(np.array(post))
+            self.sides.append(None)
             return
         j = int(self.rng.integers(0, self.seen))
         if j < self.size:
             self.rows[j], self.pre[j], self.post[j] = int(row), np.array(pre), np.array(post)
+            self.sides[j] = None
+
+    def wanted(self, rows: Sequence[int]) -> list[int]:
+        """The positions in ``rows`` of the buildings the sample holds."""
+        kept = set(self.rows)
+        return [i for i, row in enumerate(rows) if int(row) in kept]
+
+    def keep_sides(self, rows: Sequence[int], sides: np.ndarray) -> None:
+        """Keep the encoder output (:attr:`runtime.predictor.Prediction.sides`) of the sampled
+        buildings among ``rows`` (``sides[i]`` is that of ``rows[i]``; copied)."""
+        where = {row: j for j, row in enumerate(self.rows)}
+        for i, row in enumerate(rows):
+            j = where.get(int(row))
+            if j is not None:
+                self.sides[j] = np.array(sides[i])
+
+    @property
+    def has_sides(self) -> bool:
+        """Whether every kept pair has its encoder output."""
+        return bool(self.sides) and all(s is not None for s in self.sides)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -261,6 +301,10 @@ def grade_order(
     """Grade the sample again with pre and post exchanged; None when it is smaller than
     :data:`MIN_SAMPLE` (no verdict, and no extra inference).
 
+    Where the sample kept every pair's encoder output and the model allows it, the pairs are
+    graded exchanged from that (:meth:`runtime.predictor.Predictor.exchanged`, the same grades
+    at the cost of the network's head), else through the whole network.
+
     The sample is graded ``step`` buildings at a time and the grading stops as soon as the order
     could no longer look reversed even if every building left were graded damaged: the verdict
     is the one of the whole sample, at a fraction of its inference where the order is right
@@ -280,11 +324,15 @@ def grade_order(
     given = float(np.mean(np.asarray(class_id)[np.asarray(sample.rows)] > 0))
     step = max(int(step), 1)
     damaged = graded = 0
+    from_sides = sample.has_sides and getattr(predictor, "can_exchange", False)
     while graded < n and looks_reversed(n, given, (damaged + n - graded) / n):
         end = min(graded + step, n)
-        pred = predictor.predict(
-            np.stack(sample.post[graded:end]), np.stack(sample.pre[graded:end]), batch_size
-        )
+        if from_sides:  # the same grades as the chips exchanged, without the encoder
+            pred = predictor.exchanged(np.stack(sample.sides[graded:end]))
+        else:
+            pred = predictor.predict(
+                np.stack(sample.post[graded:end]), np.stack(sample.pre[graded:end]), batch_size
+            )
         damaged += int(np.count_nonzero(np.asarray(pred.probabilities).argmax(axis=1) > 0))
         graded = end
     return GradeOrder(n, given, damaged / graded if graded else None, graded)
@@ -349,10 +397,11 @@ def check_order(
     sample: OrderSample,
     class_id: np.ndarray,
     batch_size: int = 32,
+    opened: Mapping[str, object] | None = None,
 ) -> OrderCheck:
     """Check the order of a graded scene: the files' dates when they decide, else the sample
-    graded both ways (module docstring)."""
-    dates = date_order(pre, post)
+    graded both ways (module docstring); ``opened`` as in :func:`date_order`."""
+    dates = date_order(pre, post, opened)
     if dates.verdict in ("right", "reversed"):
         return OrderCheck("dates", dates.verdict == "reversed", dates)
     grades = grade_order(predictor, sample, class_id, batch_size)

@@ -1,0 +1,159 @@
+"""Grading a pair exchanged (post as pre, pre as post) from what grading it as given computed.
+
+A damage model runs pre and post through one encoder as a batch of ``2N`` (the ``N`` pre chips,
+then the ``N`` post chips) and slices that batch's last feature map in two: rows ``[0, N)`` feed
+the pre side of the heads, rows ``[N, 2N)`` the post side. Everything ``logits`` and
+``embedding`` depend on after that is the *head* of the graph. Grading a pair exchanged runs the
+encoder on the same two chips again; only their order in the batch differs. So the encoder's
+last feature map of each chip, kept from the grading as given, graded by the head with the two
+halves of the batch swapped gives the exchanged grading bit for bit (the encoder treats each row
+of a batch on its own; the head's quantisation scales are those of each side, as in the whole
+graph), at the cost of the head alone.
+
+:func:`find_cut` finds that map in a model file (None when the graph is not built so: the
+caller grades the chips exchanged through the whole graph); :func:`with_outputs` adds it to the
+graph's outputs; :func:`head_model` is the head as a model of its own. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.contract import OUTPUT_NAMES
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a graph splits into encoder and head.
+
+    Attributes:
+        features: the encoder's last feature map, ``[2N, ...]`` float (pre rows, then post rows).
+        bounds: the computed tensors the two slices take their bounds from (the batch size
+            ``N`` as a one-element int64 tensor, in graphs traced from the model).
+    """
+
+    features: str
+    bounds: tuple[str, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """The cut's tensors: the feature map, then the bounds."""
+        return [self.features, *self.bounds]
+
+
+def _ancestry(graph, outputs):
+    """``(nodes, slices)``: the nodes ``outputs`` depend on, stopping at Slice nodes (which
+    are kept apart), in the graph's order."""
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = {init.name for init in graph.initializer}
+    wanted: set[int] = set()
+    slices: list = []
+    stack, seen = list(outputs), set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name in constants:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is None:
+            continue
+        if node.op_type == "Slice":
+            if all(node is not s for s in slices):
+                slices.append(node)
+            continue
+        wanted.add(id(node))
+        stack.extend(i for i in node.input if i)
+    return [n for n in graph.node if id(n) in wanted], slices
+
+
+def _constant_inputs(graph) -> set[str]:
+    return {init.name for init in graph.initializer} | {
+        out for node in graph.node if node.op_type == "Constant" for out in node.output
+    }
+
+
+def find_cut(proto) -> Cut | None:
+    """The cut between encoder and head of a damage model (module docstring), or None.
+
+    The head is what ``logits`` and ``embedding`` depend on after the Slice nodes that split the
+    encoder's batch; the cut is found only where exactly two Slice nodes read one tensor, cut
+    along the batch axis, and the head depends on no graph input but through them.
+    """
+    graph = proto.graph
+    nodes, slices = _ancestry(graph, OUTPUT_NAMES)
+    if len(slices) != 2 or slices[0].input[0] != slices[1].input[0]:
+        return None
+    constant = _constant_inputs(graph)
+    values = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    values[node.output[0]] = attr.t
+    from onnx import numpy_helper
+
+    for s in slices:  # along the batch axis (axes [0] or none given), step 1 or none given
+        for k, expected in ((3, [0]), (4, [1])):
+            name = s.input[k] if len(s.input) > k else ""
+            if name and (
+                name not in values
+                or numpy_helper.to_array(values[name]).ravel().tolist() != expected
+            ):
+                return None
+    bounds = tuple(sorted({i for s in slices for i in s.input[1:3] if i and i not in constant}))
+    cut = Cut(slices[0].input[0], bounds)
+    # the head may read nothing before the cut but constants
+    produced = {out for node in nodes for out in node.output} | {
+        out for s in slices for out in s.output
+    }
+    allowed = produced | constant | set(cut.names)
+    for node in nodes:
+        if any(i and i not in allowed for i in node.input):
+            return None
+    return cut
+
+
+def with_outputs(proto, cut: Cut):
+    """A copy of ``proto`` that also outputs the cut's tensors (the graph is otherwise the
+    same: its own outputs come out bit for bit as before)."""
+    from onnx import ModelProto, TensorProto, helper
+
+    out = ModelProto()
+    out.CopyFrom(proto)
+    have = {o.name for o in out.graph.output}
+    for name in cut.names:
+        if name not in have:
+            elem = TensorProto.FLOAT if name == cut.features else TensorProto.INT64
+            out.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    return out
+
+
+def head_model(proto, cut: Cut):
+    """The head alone: a model whose inputs are the cut's tensors and whose outputs are
+    ``logits`` and ``embedding``."""
+    from onnx import TensorProto, helper
+
+    graph = proto.graph
+    nodes, slices = _ancestry(graph, OUTPUT_NAMES)
+    keep = {id(n) for n in nodes} | {id(s) for s in slices}
+    # the bounds' own producers and the Constant nodes the head reads stay out of / in the head
+    bound_set = set(cut.bounds)
+    body = [
+        n
+        for n in graph.node
+        if (id(n) in keep or n.op_type == "Constant") and not (set(n.output) & bound_set)
+    ]
+    used = {i for n in body for i in n.input if i}
+    body = [n for n in body if n.op_type != "Constant" or set(n.output) & used]
+    inits = [init for init in graph.initializer if init.name in used]
+    inputs = [
+        helper.make_tensor_value_info(
+            name, TensorProto.FLOAT if name == cut.features else TensorProto.INT64, None
+        )
+        for name in cut.names
+    ]
+    outputs = [o for o in graph.output if o.name in OUTPUT_NAMES]
+    head = helper.make_graph(body, "head", inputs, outputs, inits)
+    model = helper.make_model(head, opset_imports=list(proto.opset_import))
+    model.ir_version = proto.ir_version
+    return model
