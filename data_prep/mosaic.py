@@ -467,6 +467,14 @@ class Scene:
     def max_pixels(self) -> int:
         return self.pre.max_pixels
 
+    def open_files(self) -> dict[str, object]:
+        """Each tile still in the scene, by path: the file as rasterio opened it (for a tile read
+        through a uint8 VRT, the file's own dataset)."""
+        return {
+            t.path: t.source if t.source is not None else t.dataset
+            for t in (*self.pre.tiles, *self.post.tiles)
+        }
+
     def radiometry(self) -> dict[str, str]:
         """How each tile's pixel values map to uint8 (file -> rule), for reports and metadata."""
         return {t.path: t.scaling.describe() for t in [*self.pre.tiles, *self.post.tiles]}

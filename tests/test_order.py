@@ -279,3 +279,22 @@ def test_xbd_tiles_both_ways(tmp_path, tile, swapped_warns):
     assert right.order["reversed"] is False and not right.order_warning
     assert swapped.order["reversed"] is swapped_warns
     assert bool(swapped.order_warning) is swapped_warns
+
+
+def test_dates_from_an_open_file_equal_those_from_its_path(dated_scene):
+    """Scoring reads the dates from the tiles it has open: the same dates as opening them."""
+    import rasterio
+
+    from app.scoring.order import date_order, file_dates
+
+    pre, post, _ = dated_scene
+    with rasterio.open(pre[0]) as ds:
+        assert file_dates(pre[0], ds) == file_dates(pre[0])
+        assert not ds.closed  # left open for the scene
+    opened = {str(p): rasterio.open(p) for p in (*pre, *post)}
+    try:
+        assert date_order(pre, post, opened) == date_order(pre, post)
+        assert date_order(pre, post, opened).verdict == "right"
+    finally:
+        for ds in opened.values():
+            ds.close()

@@ -225,7 +225,13 @@ def score_scene(
         report_counts(report, scores)
         with timer.stage("order"):
             order = check_order(
-                pre, post, predictor, batcher.sample, scores.most_probable(), options.batch_size
+                pre,
+                post,
+                predictor,
+                batcher.sample,
+                scores.most_probable(),
+                options.batch_size,
+                scene.open_files(),
             )
         record_order(report, order)
 
