@@ -11,6 +11,7 @@ CRS and grid pixels (no file reading).
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,21 +89,44 @@ def reproject_geometries(geometries, src_crs, dst_crs) -> np.ndarray:
     Coordinates that cannot be transformed become infinite; callers check ``shapely.bounds``.
     """
     import shapely
-    from pyproj import CRS as ProjCRS
-    from pyproj import Transformer
 
-    src = ProjCRS.from_user_input(_crs_text(src_crs))
-    dst = ProjCRS.from_user_input(_crs_text(dst_crs))
     geometries = np.asarray(geometries, dtype=object)
-    if src == dst:
+    transformer = _transformer(_crs_text(src_crs), _crs_text(dst_crs))
+    if transformer is None:
         return geometries
-    transformer = Transformer.from_crs(src, dst, always_xy=True)
 
     def apply(xy: np.ndarray) -> np.ndarray:
         x, y = transformer.transform(xy[:, 0], xy[:, 1])
         return np.column_stack([x, y])
 
     return shapely.transform(geometries, apply)
+
+
+#: Transformers between CRS pairs most recently used, per thread (pyproj's are not shared
+#: between threads): building one costs milliseconds, a scene asks for the same pairs often.
+_TRANSFORMERS = threading.local()
+#: Pairs kept per thread.
+TRANSFORMER_CACHE = 16
+
+
+def _transformer(src: str, dst: str):
+    """The pyproj transformer from ``src`` to ``dst`` (CRS text), x first; None when the two
+    are the same CRS. Kept for the next call with the same pair (same thread)."""
+    cache = getattr(_TRANSFORMERS, "pairs", None)
+    if cache is None:
+        cache = _TRANSFORMERS.pairs = {}
+    key = (src, dst)
+    if key in cache:
+        return cache[key]
+    from pyproj import CRS as ProjCRS
+    from pyproj import Transformer
+
+    a, b = ProjCRS.from_user_input(src), ProjCRS.from_user_input(dst)
+    made = None if a == b else Transformer.from_crs(a, b, always_xy=True)
+    if len(cache) >= TRANSFORMER_CACHE:
+        cache.pop(next(iter(cache)))
+    cache[key] = made
+    return made
 
 
 def _crs_text(crs) -> str:
