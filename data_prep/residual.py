@@ -258,21 +258,15 @@ class ReadContext:
                 np.copyto(a, self.pre_grey[inside], casting="unsafe")
                 np.copyto(b, self.post_grey[inside], casting="unsafe")
                 return self._shift(a, b, n, coarse=False)
-        if self.valid is not None:
-            mask = crop_boundless(self.valid, w)  # False past the edges
-        else:
-            mask = np.zeros((n, n), dtype=bool)
-            _, _, dst_r, dst_c = window_overlap(w, height, width)
-            mask[dst_r, dst_c] = True
-        if not mask.any():
+        # the window with its fill: cut from the overlap with the images, no padded copies
+        src_r, src_c, dst_r, dst_c = window_overlap(w, height, width)
+        src, dst = (src_r, src_c), (dst_r, dst_c)
+        inner = None if self.valid is None else self.valid[src]
+        if src_r.stop <= src_r.start or (inner is not None and not inner.any()):
             return math.nan
-        a = crop_boundless(self.pre_grey, w)
-        b = crop_boundless(self.post_grey, w)
-        if not mask.all():
-            invalid = ~mask
-            a[invalid] = _fill_grey(crop_boundless(self.pre_img, w), mask)
-            b[invalid] = _fill_grey(crop_boundless(self.post_img, w), mask)
-        return self._shift(a.astype(np.float32), b.astype(np.float32), n)
+        a = _filled(self.pre_img, self.pre_grey, n, src, dst, inner)
+        b = _filled(self.post_img, self.post_grey, n, src, dst, inner)
+        return self._shift(a, b, n)
 
     def _buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Two float32 ``[n, n]`` windows, reused from building to building (a fresh megabyte
@@ -322,6 +316,29 @@ def _fill_grey(window: np.ndarray, valid: np.ndarray) -> int:
     """The grey level of the fill :func:`_fill_mean` gives a uint8 RGB window's invalid pixels."""
     import cv2
 
-    mean = cv2.mean(window, mask=valid.astype(np.uint8))[:3]
+    mean = cv2.mean(window, mask=valid.view(np.uint8))[:3]  # bool as 0/1 bytes, no copy
     colour = np.round(mean).astype(window.dtype).reshape(1, 1, 3)
     return int(cv2.cvtColor(colour, cv2.COLOR_RGB2GRAY)[0, 0])
+
+
+def _filled(
+    img: np.ndarray,
+    grey: np.ndarray,
+    n: int,
+    src: tuple[slice, slice],
+    dst: tuple[slice, slice],
+    inner: np.ndarray | None,
+) -> np.ndarray:
+    """float32 ``[n, n]``: the grey window whose pixels ``img[src]`` / ``grey[src]`` land at
+    ``dst``, every pixel past the image's edges or outside ``inner`` (the valid pixels of
+    ``src``; None: all of them) set to the grey of the mean colour of the valid ones: the
+    values of the window cut boundless and filled as :func:`image_context_residual` does,
+    without cutting the colour and validity windows out of the images."""
+    region = img[src]
+    fill = _fill_grey(region, np.ones(region.shape[:2], bool) if inner is None else inner)
+    out = np.full((n, n), fill, dtype=np.float32)
+    if inner is None:
+        out[dst] = grey[src]
+    else:
+        np.copyto(out[dst], grey[src], casting="unsafe", where=inner)
+    return out
