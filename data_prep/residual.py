@@ -234,6 +234,7 @@ class ReadContext:
         self.pre_grey = cv2.cvtColor(np.ascontiguousarray(pre_img), cv2.COLOR_RGB2GRAY)
         self.post_grey = cv2.cvtColor(np.ascontiguousarray(post_img), cv2.COLOR_RGB2GRAY)
         self._done: dict[tuple[int, int, int], float] = {}
+        self._fills: dict[tuple[int, int, int, int], tuple[int, int]] = {}
         self._bufs: tuple[np.ndarray, np.ndarray] | None = None
         self._coarse: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -264,8 +265,20 @@ class ReadContext:
         inner = None if self.valid is None else self.valid[src]
         if src_r.stop <= src_r.start or (inner is not None and not inner.any()):
             return math.nan
-        a = _filled(self.pre_img, self.pre_grey, n, src, dst, inner)
-        b = _filled(self.post_img, self.post_grey, n, src, dst, inner)
+        # windows that meet the images in the same pixels share their fill (on a read smaller
+        # than the window, every window meets all of it)
+        key = (src_r.start, src_r.stop, src_c.start, src_c.stop)
+        fills = self._fills.get(key)
+        if fills is None:
+            mask = np.ones((src_r.stop - src_r.start, src_c.stop - src_c.start), bool)
+            mask = mask if inner is None else inner
+            fills = self._fills[key] = (
+                _fill_grey(self.pre_img[src], mask),
+                _fill_grey(self.post_img[src], mask),
+            )
+        a, b = self._buffers(n)
+        _filled(a, fills[0], self.pre_grey, src, dst, inner)
+        _filled(b, fills[1], self.post_grey, src, dst, inner)
         return self._shift(a, b, n)
 
     def _buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -322,21 +335,19 @@ def _fill_grey(window: np.ndarray, valid: np.ndarray) -> int:
 
 
 def _filled(
-    img: np.ndarray,
+    out: np.ndarray,
+    fill: int,
     grey: np.ndarray,
-    n: int,
     src: tuple[slice, slice],
     dst: tuple[slice, slice],
     inner: np.ndarray | None,
 ) -> np.ndarray:
-    """float32 ``[n, n]``: the grey window whose pixels ``img[src]`` / ``grey[src]`` land at
-    ``dst``, every pixel past the image's edges or outside ``inner`` (the valid pixels of
-    ``src``; None: all of them) set to the grey of the mean colour of the valid ones: the
-    values of the window cut boundless and filled as :func:`image_context_residual` does,
+    """Write into float32 ``out`` (``[n, n]``) the grey window whose pixels ``grey[src]`` land
+    at ``dst``, every pixel past the image's edges or outside ``inner`` (the valid pixels of
+    ``src``; None: all of them) set to ``fill`` (:func:`_fill_grey` of the valid colour pixels):
+    the values of the window cut boundless and filled as :func:`image_context_residual` does,
     without cutting the colour and validity windows out of the images."""
-    region = img[src]
-    fill = _fill_grey(region, np.ones(region.shape[:2], bool) if inner is None else inner)
-    out = np.full((n, n), fill, dtype=np.float32)
+    out.fill(fill)
     if inner is None:
         out[dst] = grey[src]
     else:
