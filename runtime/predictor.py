@@ -54,6 +54,13 @@ TTA_VIEWS: dict[str, tuple[tuple[int, bool], ...]] = {
 }
 
 
+#: The largest encoder output of a pair (both halves, float32) kept for grading it exchanged
+#: (:meth:`Predictor.exchanged`): the order check keeps up to 64 pairs. A model whose last
+#: feature map is larger (a deep encoder at a large input size) grades them exchanged through
+#: the whole network instead, from the chips it keeps anyway.
+MAX_SIDES_BYTES = 1 << 20
+
+
 def tta_view(chips: np.ndarray, turns: int, mirrored: bool) -> np.ndarray:
     """``[N, H, W, C]`` chips turned by ``turns`` quarter turns, then mirrored left-right."""
     out = np.rot90(chips, turns, axes=(1, 2)) if turns else chips
@@ -375,9 +382,14 @@ class Predictor:
 
     def _sides(self, got: Sequence[np.ndarray], n: int) -> np.ndarray | None:
         """``[n, 2, ...]`` from the cut's tensors of one run of ``n`` pairs; None (and no more
-        tries) when the slices' bounds are not the batch size, as the cut supposes."""
+        tries) when the slices' bounds are not the batch size, as the cut supposes, or a pair's
+        two halves are larger than :data:`MAX_SIDES_BYTES`."""
         features, *bounds = got
-        if any(np.asarray(b).ravel().tolist() != [n] for b in bounds) or len(features) != 2 * n:
+        if (
+            any(np.asarray(b).ravel().tolist() != [n] for b in bounds)
+            or len(features) != 2 * n
+            or 2 * features[0].size * 4 > MAX_SIDES_BYTES
+        ):
             self._cut = False
             return None
         features = np.asarray(features, dtype=np.float32)

@@ -216,3 +216,19 @@ def test_sample_keeps_sides_of_its_rows_only():
     for row in range(4, 200):  # replaced rows lose their sides until graded again
         sample.offer(row, chip, chip)
     assert not sample.has_sides or sample.rows == [0, 1, 2, 3]
+
+
+def test_sides_too_large_are_not_kept(monkeypatch):
+    """A feature map over the limit is not kept: no sides, and the model grades exchanged pairs
+    through the network from then on."""
+    import runtime.predictor as predictor_module
+
+    predictor = Predictor(default_model(), threads=1)
+    pre, post = _chips(4, predictor.input_size, 4)
+    kept = predictor.predict(pre, post, sides=True).sides
+    assert kept is not None and kept[0].nbytes <= predictor_module.MAX_SIDES_BYTES
+    monkeypatch.setattr(predictor_module, "MAX_SIDES_BYTES", kept[0].nbytes - 4)
+    fresh = Predictor(default_model(), threads=1)
+    assert fresh.predict(pre, post, sides=True).sides is None
+    assert not fresh.can_exchange
+    _same(fresh.predict(pre, post), predictor.predict(pre, post))
