@@ -270,8 +270,9 @@ class ReadContext:
         key = (src_r.start, src_r.stop, src_c.start, src_c.stop)
         fills = self._fills.get(key)
         if fills is None:
-            mask = np.ones((src_r.stop - src_r.start, src_c.stop - src_c.start), bool)
-            mask = mask if inner is None else inner
+            mask = inner
+            if mask is None:
+                mask = np.ones((src_r.stop - src_r.start, src_c.stop - src_c.start), bool)
             fills = self._fills[key] = (
                 _fill_grey(self.pre_img[src], mask),
                 _fill_grey(self.post_img[src], mask),

@@ -40,6 +40,13 @@ class Cut:
         """The cut's tensors: the feature map, then the bounds."""
         return [self.features, *self.bounds]
 
+    def value_info(self, name: str):
+        """The ONNX value info of one of the cut's tensors (float map, int64 bounds)."""
+        from onnx import TensorProto, helper
+
+        elem = TensorProto.FLOAT if name == self.features else TensorProto.INT64
+        return helper.make_tensor_value_info(name, elem, None)
+
 
 def _ancestry(graph, outputs):
     """``(nodes, slices)``: the nodes ``outputs`` depend on, stopping at Slice nodes (which
@@ -57,19 +64,22 @@ def _ancestry(graph, outputs):
         node = producer.get(name)
         if node is None:
             continue
-        if node.op_type == "Slice":
-            if all(node is not s for s in slices):
-                slices.append(node)
+        if node.op_type == "Slice":  # reached once: through its one output
+            slices.append(node)
             continue
         wanted.add(id(node))
         stack.extend(i for i in node.input if i)
     return [n for n in graph.node if id(n) in wanted], slices
 
 
-def _constant_inputs(graph) -> set[str]:
-    return {init.name for init in graph.initializer} | {
-        out for node in graph.node if node.op_type == "Constant" for out in node.output
-    }
+def _constants(graph) -> dict:
+    """Every constant tensor of a graph by name: the initializers and the Constant nodes'
+    outputs (their TensorProto, None for a Constant given otherwise than as a tensor)."""
+    out: dict = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            out[node.output[0]] = next((a.t for a in node.attribute if a.name == "value"), None)
+    return out
 
 
 def find_cut(proto) -> Cut | None:
@@ -83,20 +93,15 @@ def find_cut(proto) -> Cut | None:
     nodes, slices = _ancestry(graph, OUTPUT_NAMES)
     if len(slices) != 2 or slices[0].input[0] != slices[1].input[0]:
         return None
-    constant = _constant_inputs(graph)
-    values = {init.name: init for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = attr.t
+    values = _constants(graph)
+    constant = set(values)
     from onnx import numpy_helper
 
     for s in slices:  # along the batch axis (axes [0] or none given), step 1 or none given
         for k, expected in ((3, [0]), (4, [1])):
             name = s.input[k] if len(s.input) > k else ""
             if name and (
-                name not in values
+                values.get(name) is None
                 or numpy_helper.to_array(values[name]).ravel().tolist() != expected
             ):
                 return None
@@ -116,22 +121,19 @@ def find_cut(proto) -> Cut | None:
 def with_outputs(proto, cut: Cut):
     """A copy of ``proto`` that also outputs the cut's tensors (the graph is otherwise the
     same: its own outputs come out bit for bit as before)."""
-    from onnx import ModelProto, TensorProto, helper
+    from onnx import ModelProto
 
     out = ModelProto()
     out.CopyFrom(proto)
     have = {o.name for o in out.graph.output}
-    for name in cut.names:
-        if name not in have:
-            elem = TensorProto.FLOAT if name == cut.features else TensorProto.INT64
-            out.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    out.graph.output.extend(cut.value_info(name) for name in cut.names if name not in have)
     return out
 
 
 def head_model(proto, cut: Cut):
     """The head alone: a model whose inputs are the cut's tensors and whose outputs are
     ``logits`` and ``embedding``."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     graph = proto.graph
     nodes, slices = _ancestry(graph, OUTPUT_NAMES)
@@ -146,12 +148,7 @@ def head_model(proto, cut: Cut):
     used = {i for n in body for i in n.input if i}
     body = [n for n in body if n.op_type != "Constant" or set(n.output) & used]
     inits = [init for init in graph.initializer if init.name in used]
-    inputs = [
-        helper.make_tensor_value_info(
-            name, TensorProto.FLOAT if name == cut.features else TensorProto.INT64, None
-        )
-        for name in cut.names
-    ]
+    inputs = [cut.value_info(name) for name in cut.names]
     outputs = [o for o in graph.output if o.name in OUTPUT_NAMES]
     head = helper.make_graph(body, "head", inputs, outputs, inits)
     model = helper.make_model(head, opset_imports=list(proto.opset_import))

@@ -333,17 +333,18 @@ class Predictor:
                 z_sum = z_sum / np.maximum(norm, np.float32(1e-12))
             logits.append(lo_sum)
             embedding.append(z_sum)
-        raw = np.concatenate(logits)
-        z = np.concatenate(embedding)
-        lo = raw if self.head is None else self.head.scores(raw, z)
-        return Prediction(
-            lo,
-            self.probabilities(lo),
-            z,
+        return self._prediction(
+            np.concatenate(logits),
+            np.concatenate(embedding),
             np.concatenate(maps) if maps else None,
-            raw,
             np.concatenate(kept) if kept and all(k is not None for k in kept) else None,
         )
+
+    def _prediction(self, raw, z, maps=None, sides=None) -> Prediction:
+        """The :class:`Prediction` of the graph's raw logits and embedding: the adapted head's
+        scores where the model has one, probabilities at the model's temperature."""
+        lo = raw if self.head is None else self.head.scores(raw, z)
+        return Prediction(lo, self.probabilities(lo), z, maps, raw, sides)
 
     @property
     def can_exchange(self) -> bool:
@@ -411,8 +412,7 @@ class Predictor:
         feed = {cut.features: np.ascontiguousarray(np.concatenate([sides[:, 1], sides[:, 0]]))}
         feed.update({b: np.array([n], dtype=np.int64) for b in cut.bounds})
         raw, z = (np.asarray(x, dtype=np.float32) for x in self._head.run(list(OUTPUT_NAMES), feed))
-        lo = raw if self.head is None else self.head.scores(raw, z)
-        return Prediction(lo, self.probabilities(lo), z, None, raw)
+        return self._prediction(raw, z)
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         """Class probabilities of ``[N, K]`` logits (:attr:`Prediction.logits`):

@@ -417,3 +417,42 @@ def test_coarse_context_settles_alike_on_every_labelled_xbd_tile(move):
     assert windows > 3000
     if not move:
         assert coarse > 0.6 * windows, (coarse, windows)
+
+
+def test_mosaic_read_pastes_each_tile_where_the_earlier_ones_left_nothing(
+    synthetic_scene, tmp_path
+):
+    """A window across the synthetic scene's post tiles (EPSG:4326, warped) and an inverted copy
+    of the first one lying half under it: each pixel is the first tile's that has it, as each tile's
+    own warp of the window pasted in turn."""
+    import shutil
+
+    import rasterio
+
+    from data_prep.mosaic import open_scene
+
+    s = synthetic_scene
+    under = tmp_path / "under.tif"
+    shutil.copy(s.post[0], under)
+    with rasterio.open(under, "r+") as ds:  # inverted, moved 20 px down: half under the first
+        ds.write(255 - ds.read())
+        ds.transform = ds.transform @ ds.transform.translation(0, 20)
+    with open_scene(s.pre, [s.post[0], under, *s.post[1:]]) as scene:
+        grid, mosaic = scene.grid, scene.post
+        for col, row, width, height in (
+            (-40, -30, grid.width + 80, grid.height + 60),
+            (5, 7, 200, 150),
+        ):
+            rgb, valid = mosaic.read(col, row, width, height)
+            want = np.zeros((height, width, 3), np.uint8)
+            have = np.zeros((height, width), bool)
+            transform = grid.window_transform(col, row)
+            tiles = 0
+            for tile in mosaic.tiles:
+                t_rgb, t_valid = tile.read_warped(grid.crs, transform, width, height)
+                take = t_valid & ~have
+                np.copyto(want, t_rgb, where=take[..., None])
+                have |= take
+                tiles += bool(take.any())
+            assert tiles >= 2  # more than one tile gives pixels: the paste is what is tested
+            assert np.array_equal(valid, have) and np.array_equal(rgb, want)
