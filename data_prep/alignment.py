@@ -411,6 +411,7 @@ def estimate_scene_shift(
     centroids: np.ndarray | None = None,
     block: int = BLOCK,
     max_blocks: int = MAX_BLOCKS,
+    read: tuple[int, int, int, int] | None = None,
 ) -> SceneShift:
     """Measure the post-to-pre shift of an open scene (nothing is corrected; see
     :func:`align_scene`).
@@ -421,18 +422,22 @@ def estimate_scene_shift(
             measured first (None: blocks spread over the scene).
         block: block side in grid pixels.
         max_blocks: most blocks read.
+        read: ``(col, row, width, height)`` of the one read the scene's chips will take
+            (:func:`data_prep.scene.single_read`): when every block lies inside it, the blocks
+            are cut from that read, which the scene keeps for the chips.
     """
     # a block is one read window: keep it inside the scene's pixel limit (the guard against
     # oversized reads refuses anything larger)
     block = max(1, min(block, math.isqrt(scene.max_pixels)))
-    out = _measure_blocks(scene, choose_blocks(scene, centroids, block, max_blocks))
+    out = _measure_blocks(scene, choose_blocks(scene, centroids, block, max_blocks), read)
     out.res = scene.grid.res
     out.units = _linear_units(scene.grid.crs)
     return out
 
 
-def _block_reader(scene: Scene, cells: Sequence[tuple[int, int, int]]):
-    """``read(col, row, size)`` of the blocks ``cells``: one read of the box around them all,
+def _block_reader(scene: Scene, cells: Sequence[tuple[int, int, int]], read=None):
+    """``read(col, row, size)`` of the blocks ``cells``: the chips' own read ``read`` (kept for
+    them) when it holds every block; else one read of the box around them all,
     cut into blocks, when that box holds no more pixels than the blocks together (a small scene:
     its overlapping blocks cover it several times over, and each read costs a GDAL call, a warp
     for post imagery on another grid); else a read per block.
@@ -441,15 +446,20 @@ def _block_reader(scene: Scene, cells: Sequence[tuple[int, int, int]]):
     warped read differs between windows within GDAL's approximation of the transformation
     (:meth:`data_prep.mosaic.Tile.read_warped`), which moved Joplin's measured scene shift by
     0.01 px (0.769 -> 0.760)."""
-    if len(cells) < 2:
-        return lambda col, row, size: scene.read_pair(col, row, size, size)
-    c0, r0 = min(c for c, _, _ in cells), min(r for _, r, _ in cells)
-    c1, r1 = max(c + s for c, _, s in cells), max(r + s for _, r, s in cells)
+    c0, r0 = min((c for c, _, _ in cells), default=0), min((r for _, r, _ in cells), default=0)
+    c1 = max((c + s for c, _, s in cells), default=0)
+    r1 = max((r + s for _, r, s in cells), default=0)
+    if cells and read is not None:
+        col, row, width, height = read
+        if col <= c0 and row <= r0 and c1 <= col + width and r1 <= row + height:
+            return _cutter(scene.read_pair(col, row, width, height, keep=True), col, row)
     area = (c1 - c0) * (r1 - r0)
-    if area > sum(s * s for _, _, s in cells) or area > scene.max_pixels:
+    if len(cells) < 2 or area > sum(s * s for _, _, s in cells) or area > scene.max_pixels:
         return lambda col, row, size: scene.read_pair(col, row, size, size)
-    whole = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
+    return _cutter(scene.read_pair(c0, r0, c1 - c0, r1 - r0), c0, r0)
 
+
+def _cutter(whole, c0: int, r0: int):
     def cut(col: int, row: int, size: int):
         y, x = row - r0, col - c0
         return tuple(a[y : y + size, x : x + size] for a in whole)
@@ -457,9 +467,9 @@ def _block_reader(scene: Scene, cells: Sequence[tuple[int, int, int]]):
     return cut
 
 
-def _measure_blocks(scene: Scene, cells: Sequence[tuple[int, int, int]]) -> SceneShift:
+def _measure_blocks(scene: Scene, cells: Sequence[tuple[int, int, int]], window=None) -> SceneShift:
     blocks, pairs = [], []
-    read = _block_reader(scene, cells)
+    read = _block_reader(scene, cells, window)
     for col, row, size in cells:
         pre, pre_valid, post, post_valid = read(col, row, size)
         if (pre_valid & post_valid).mean() < BLOCK_COVERED:
@@ -486,6 +496,7 @@ def align_scene(
     mode: str = AUTO,
     block: int = BLOCK,
     max_blocks: int = MAX_BLOCKS,
+    read: tuple[int, int, int, int] | None = None,
 ) -> SceneShift:
     """Measure the scene's post-to-pre shift and, when confident and longer than
     :data:`MIN_CORRECT_PX`, correct the post mosaic by it (before any chip is cut).
@@ -494,7 +505,7 @@ def align_scene(
         scene: an open scene; its post mosaic's offset is set when the shift is applied.
         centroids: building centroids in grid pixels (``[N, 2]``), to measure where buildings are.
         mode: ``auto`` (measure, correct when confident) or ``off`` (leave the imagery as is).
-        block, max_blocks: see :func:`estimate_scene_shift`.
+        block, max_blocks, read: see :func:`estimate_scene_shift`.
 
     Returns:
         The :class:`SceneShift`, ``applied`` when the post imagery was moved.
@@ -508,7 +519,7 @@ def align_scene(
             units=_linear_units(scene.grid.crs),
             reason="off",
         )
-    shift = estimate_scene_shift(scene, centroids, block, max_blocks)
+    shift = estimate_scene_shift(scene, centroids, block, max_blocks, read)
     if shift.applied:
         scene.post.set_offset(shift.dx, shift.dy)
     return shift

@@ -449,21 +449,33 @@ class Scene:
     pre: Mosaic
     post: Mosaic
     skipped: list[Skipped] = field(default_factory=list)
+    _kept: tuple | None = field(default=None, repr=False)
 
     @property
     def coverage(self):
         """Where both pre and post tiles exist (polygon in the grid CRS)."""
         return self.pre.coverage.intersection(self.post.coverage)
 
-    def read_pair(self, col_off: int, row_off: int, width: int, height: int):
+    def read_pair(self, col_off: int, row_off: int, width: int, height: int, keep: bool = False):
         """Read the same window from pre and post.
+
+        With ``keep`` the arrays are kept for the next read: when it asks for the same window
+        with the mosaics' offsets unchanged it gets them (the same objects, not read again, so
+        whoever holds them first must not write into them); any other read forgets them.
 
         Returns:
             ``(pre_rgb, pre_valid, post_rgb, post_valid)`` as in :meth:`Mosaic.read`.
         """
+        key = (col_off, row_off, width, height, self.pre.offset, self.post.offset)
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0] == key:
+            return kept[1]
         pre_rgb, pre_valid = self.pre.read(col_off, row_off, width, height)
         post_rgb, post_valid = self.post.read(col_off, row_off, width, height)
-        return pre_rgb, pre_valid, post_rgb, post_valid
+        pair = (pre_rgb, pre_valid, post_rgb, post_valid)
+        if keep:
+            self._kept = (key, pair)
+        return pair
 
     @property
     def max_pixels(self) -> int:
@@ -486,6 +498,7 @@ class Scene:
         return [*self.skipped, *self.pre.skipped, *self.post.skipped]
 
     def close(self) -> None:
+        self._kept = None
         self.pre.close()
         self.post.close()
 

@@ -244,24 +244,11 @@ def cut_reads(
     windows, bounds = buildings.windows, buildings.bounds
     clock = time.perf_counter
     for members in groups:
-        c0, r0, c1, r1 = _block_extent(members, windows, bounds)
-        problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
+        (c0, r0, c1, r1), problem = read_window(scene, members, windows, bounds, margin)
         if problem:
             for k in members:
                 yield buildings.chip(k, SKIPPED, problem)
             continue
-        m = CONTEXT_SIDE // 2 if margin is None else int(margin)
-        width, height = scene.grid.width, scene.grid.height
-        wider = (
-            max(c0 - m, min(c0, 0)),
-            max(r0 - m, min(r0, 0)),
-            min(c1 + m, max(c1, width)),
-            min(r1 + m, max(r1, height)),
-        )
-        if not pixel_limit_problem(
-            wider[2] - wider[0], wider[3] - wider[1], scene.max_pixels, "read window"
-        ):
-            c0, r0, c1, r1 = wider
         t = clock()
         pre_rgb, pre_valid, post_rgb, post_valid = scene.read_pair(c0, r0, c1 - c0, r1 - r0)
         both = pre_valid & post_valid
@@ -296,6 +283,50 @@ def cut_reads(
             yield buildings.chip(k, CHIP, pre=pre, post=post, context_px=shift)
 
 
+def read_window(
+    scene: Scene, members: Sequence[int], windows, bounds, margin: int | None = None
+) -> tuple[tuple[int, int, int, int], str]:
+    """The window :func:`cut_reads` reads for the buildings ``members`` (positions into
+    ``windows`` and ``bounds``): ``((c0, r0, c1, r1), problem)``, the problem empty unless the
+    buildings alone exceed the pixel limit. ``margin`` pixels around them are taken as well
+    (default :data:`data_prep.residual.CONTEXT_SIDE` / 2) where the limit allows, inside the grid
+    (a window already reaching past an edge keeps its own extent there)."""
+    c0, r0, c1, r1 = _block_extent(members, windows, bounds)
+    problem = pixel_limit_problem(c1 - c0, r1 - r0, scene.max_pixels, "read window")
+    if problem:
+        return (c0, r0, c1, r1), problem
+    m = CONTEXT_SIDE // 2 if margin is None else int(margin)
+    width, height = scene.grid.width, scene.grid.height
+    wider = (
+        max(c0 - m, min(c0, 0)),
+        max(r0 - m, min(r0, 0)),
+        min(c1 + m, max(c1, width)),
+        min(r1 + m, max(r1, height)),
+    )
+    if not pixel_limit_problem(
+        wider[2] - wider[0], wider[3] - wider[1], scene.max_pixels, "read window"
+    ):
+        return wider, ""
+    return (c0, r0, c1, r1), ""
+
+
+def single_read(
+    scene: Scene, plan: ReadPlan, margin: int | None = None
+) -> tuple[int, int, int, int] | None:
+    """``(col, row, width, height)`` of the one read of a plan whose buildings all share it (a
+    small scene), None when it has several reads, none, or one over the pixel limit.
+
+    Scene scoring lets the alignment measurement read this window (it cuts its blocks from it
+    when they lie inside) and keep it (:meth:`data_prep.mosaic.Scene.read_pair`), so that when no
+    shift is applied the chips are cut from that very read instead of a second warp of the
+    post imagery."""
+    if len(plan.groups) != 1:
+        return None
+    b = plan.buildings
+    (c0, r0, c1, r1), problem = read_window(scene, plan.groups[0], b.windows, b.bounds, margin)
+    return None if problem else (c0, r0, c1 - c0, r1 - r0)
+
+
 def iter_building_chips(
     scene: Scene,
     footprints: Footprints,
@@ -306,6 +337,7 @@ def iter_building_chips(
     context: bool = False,
     margin: int | None = None,
     timer: StageTimes | None = None,
+    plan: ReadPlan | None = None,
 ) -> Iterator[BuildingChip]:
     """Cut the chip pair of every building, reading the scene one block of buildings at a time.
 
@@ -325,6 +357,8 @@ def iter_building_chips(
             chip preparation and scoring share).
         timer: collects the seconds spent planning the reads (``plan``) and those of
             :func:`cut_reads`.
+        plan: the reads already planned (:func:`plan_reads` with the same arguments, the
+            scene's post offset unchanged since); None plans them here.
 
     Yields:
         One :class:`BuildingChip` per building.
@@ -332,8 +366,9 @@ def iter_building_chips(
     from tqdm import tqdm
 
     timer = timer if timer is not None else StageTimes()
-    with timer.stage("plan"):
-        plan = plan_reads(scene, footprints, spec, block_size)
+    if plan is None:
+        with timer.stage("plan"):
+            plan = plan_reads(scene, footprints, spec, block_size)
     buildings = plan.buildings
     with tqdm(
         total=len(buildings), desc="buildings", unit="bldg", disable=None if progress else True

@@ -62,7 +62,13 @@ from data_prep.mosaic import open_scene
 from data_prep.report import Skipped
 from data_prep.scene import NOT_COVERED as CUT_NOT_COVERED
 from data_prep.scene import SKIPPED as CUT_SKIPPED
-from data_prep.scene import check_overlap, iter_building_chips, pixel_centroids
+from data_prep.scene import (
+    check_overlap,
+    iter_building_chips,
+    pixel_centroids,
+    plan_reads,
+    single_read,
+)
 from data_prep.timing import StageTimes
 
 if TYPE_CHECKING:
@@ -174,8 +180,16 @@ def score_scene(
         footprints = load_footprints(buildings, scene.grid.crs)
         check_overlap(footprints, scene)
         timer.add("open", time.perf_counter() - start)
+        with timer.stage("plan"):
+            plan = plan_reads(scene, footprints, predictor.spec, options.block_size)
         with timer.stage("align"):
-            shift = align_scene(scene, pixel_centroids(scene.grid, footprints), options.align)
+            # a scene read at once: the measurement reads the chips' window and keeps it
+            shift = align_scene(
+                scene,
+                pixel_centroids(scene.grid, footprints),
+                options.align,
+                read=single_read(scene, plan),
+            )
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
         t = time.perf_counter()
         table = _read_features(buildings)
@@ -205,6 +219,7 @@ def score_scene(
             progress=options.progress,
             context=True,
             timer=timer,
+            plan=None if shift.applied else plan,  # a shift moves the post coverage
         ):
             row = int(footprints.rows[b.index])
             if b.status == CUT_NOT_COVERED:
