@@ -449,7 +449,7 @@ class Scene:
     pre: Mosaic
     post: Mosaic
     skipped: list[Skipped] = field(default_factory=list)
-    _kept: tuple | None = field(default=None, repr=False)
+    _kept: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def coverage(self):
