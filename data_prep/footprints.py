@@ -65,11 +65,33 @@ class Footprints:
         return np.column_stack([shapely.get_x(ll), shapely.get_y(ll)])
 
 
+def read_footprint_file(path: str | os.PathLike, layer: str | int | None = None) -> tuple:
+    """Every feature of a footprint file as OGR reads it (``pyogrio.raw.read`` with 2-D
+    geometries and feature ids): ``(meta, fids, wkb, values)``.
+
+    Raises:
+        SceneError: naming the file, when it is missing or unreadable.
+    """
+    from pyogrio.errors import DataLayerError, DataSourceError
+    from pyogrio.raw import read
+
+    path = str(path)
+    if not os.path.exists(path):
+        raise SceneError(path, not_found(path, "footprint file not found"))
+    try:
+        return read(path, layer=layer, force_2d=True, return_fids=True)
+    except (DataSourceError, DataLayerError, RuntimeError, ValueError) as exc:
+        raise SceneError(
+            path, f"cannot be read as building footprints (GeoJSON, GeoPackage or Shapefile): {exc}"
+        ) from exc
+
+
 def load_footprints(
     path: str | os.PathLike,
     crs,
     label_field: str | None = None,
     layer: str | int | None = None,
+    raw: tuple | None = None,
 ) -> Footprints:
     """Read building polygons and reproject them to ``crs``.
 
@@ -79,6 +101,8 @@ def load_footprints(
         label_field: attribute holding the damage label (class name or 0-3); a value that is not a
             class leaves that building out with a message; an empty value makes it unlabelled.
         layer: layer name or index for multi-layer files (default: the first layer).
+        raw: the file as :func:`read_footprint_file` read it, when the caller has read it
+            already (None: read here).
 
     Returns:
         The usable buildings (see :class:`Footprints`).
@@ -88,18 +112,9 @@ def load_footprints(
             polygons, or lacks ``label_field``.
     """
     import shapely
-    from pyogrio.errors import DataLayerError, DataSourceError
-    from pyogrio.raw import read
 
     path = str(path)
-    if not os.path.exists(path):
-        raise SceneError(path, not_found(path, "footprint file not found"))
-    try:
-        meta, fids, wkb, values = read(path, layer=layer, force_2d=True, return_fids=True)
-    except (DataSourceError, DataLayerError, RuntimeError, ValueError) as exc:
-        raise SceneError(
-            path, f"cannot be read as building footprints (GeoJSON, GeoPackage or Shapefile): {exc}"
-        ) from exc
+    meta, fids, wkb, values = read_footprint_file(path, layer) if raw is None else raw
     fields = [str(f) for f in meta["fields"]]
     if wkb is None or len(wkb) == 0:
         raise SceneError(

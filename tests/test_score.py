@@ -538,6 +538,30 @@ def test_failed_scene_leaves_no_outputs(tmp_path, synthetic_scene, predictor, mo
     assert list(tmp_path.iterdir()) == []
 
 
+def test_scene_reads_its_footprint_file_once(tmp_path, synthetic_scene, predictor, monkeypatch):
+    """The buildings and the attributes written out come from one read of the footprint file."""
+    import pyogrio.raw
+
+    from app.scoring.common import ScoreOptions
+    from app.scoring.scene import score_scene
+
+    reads = []
+    read = pyogrio.raw.read
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(pyogrio.raw, "read", counted)
+    s = synthetic_scene
+    out = tmp_path / "o.geojson"
+    score_scene(predictor, s.pre, s.post, s.buildings, out, options=ScoreOptions(progress=False))
+    assert reads == [str(s.buildings)]
+    features = json.loads(out.read_text())["features"]
+    assert len(features) == s.n_buildings
+    assert {f["properties"]["uid"] for f in features} >= set(s.covered_uids)
+
+
 # ------------------------------------------------------------------------------ real data
 
 

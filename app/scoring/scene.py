@@ -57,7 +57,7 @@ from app.scoring.common import (
 )
 from app.scoring.order import check_order
 from data_prep.alignment import align_scene
-from data_prep.footprints import load_footprints
+from data_prep.footprints import load_footprints, read_footprint_file
 from data_prep.mosaic import open_scene
 from data_prep.report import Skipped
 from data_prep.scene import NOT_COVERED as CUT_NOT_COVERED
@@ -86,12 +86,12 @@ class _FeatureTable:
     crs: str
 
 
-def _read_features(path: str | os.PathLike, layer=None) -> _FeatureTable:
-    """Every feature of a footprint file, as OGR reads it (the same read as load_footprints)."""
+def _read_features(raw: tuple) -> _FeatureTable:
+    """Every feature of a footprint file from its read (:func:`read_footprint_file`, the read
+    load_footprints takes its buildings from)."""
     import shapely
-    from pyogrio.raw import read
 
-    meta, fids, wkb, values = read(str(path), layer=layer, force_2d=True, return_fids=True)
+    meta, fids, wkb, values = raw
     n = 0 if wkb is None else len(wkb)
     geoms = np.empty(n, dtype=object)
     geoms[:] = [None if g is None else shapely.from_wkb(g) for g in (wkb if n else [])]
@@ -177,7 +177,8 @@ def score_scene(
     )
     timer = StageTimes()
     with bounded_gdal_cache(), open_scene(pre, post, options.max_pixels) as scene:
-        footprints = load_footprints(buildings, scene.grid.crs)
+        raw = read_footprint_file(buildings)
+        footprints = load_footprints(buildings, scene.grid.crs, raw=raw)
         check_overlap(footprints, scene)
         timer.add("open", time.perf_counter() - start)
         with timer.stage("plan"):
@@ -192,7 +193,7 @@ def score_scene(
             )
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
         t = time.perf_counter()
-        table = _read_features(buildings)
+        table = _read_features(raw)
         n = len(table.geometries)
         report.buildings = n
         scores = Scores(n, len(class_names), source)
