@@ -500,6 +500,16 @@ def test_empty_and_outside_footprints(tmp_path, synthetic_scene, score_model, ca
     assert str(bad.outside) in err and "overlaps" in err
     assert not (tmp_path / "o.geojson").exists()
 
+    # the footprint file is read once, for the buildings and their attributes: its errors still
+    # name it and leave nothing written
+    missing = tmp_path / "missing.geojson"
+    for path, words in ((bad.unreadable, "cannot be read"), (missing, "not found")):
+        rc = run_cli(*_score_argv(synthetic_scene, score_model, tmp_path / "o.geojson", path))
+        assert rc == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and words in err
+        assert not (tmp_path / "o.geojson").exists()
+
 
 def test_bad_output_names_are_refused_before_work(tmp_path, synthetic_scene, capsys):
     unread = tmp_path / "unread.onnx"  # never opened: the outputs are refused first
