@@ -461,7 +461,8 @@ class Scene:
 
         With ``keep`` the arrays are kept for the next read: when it asks for the same window
         with the mosaics' offsets unchanged it gets them (the same objects, not read again, so
-        whoever holds them first must not write into them); any other read forgets them.
+        whoever holds them first must not write into them), and keeps them again if it too
+        asks to keep them; any other read forgets them.
 
         Returns:
             ``(pre_rgb, pre_valid, post_rgb, post_valid)`` as in :meth:`Mosaic.read`.
@@ -469,6 +470,8 @@ class Scene:
         key = (col_off, row_off, width, height, self.pre.offset, self.post.offset)
         kept, self._kept = self._kept, None
         if kept is not None and kept[0] == key:
+            if keep:
+                self._kept = kept
             return kept[1]
         pre_rgb, pre_valid = self.pre.read(col_off, row_off, width, height)
         post_rgb, post_valid = self.post.read(col_off, row_off, width, height)

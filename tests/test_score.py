@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -570,6 +571,34 @@ def test_scene_reads_its_footprint_file_once(tmp_path, synthetic_scene, predicto
     features = json.loads(out.read_text())["features"]
     assert len(features) == s.n_buildings
     assert {f["properties"]["uid"] for f in features} >= set(s.covered_uids)
+
+
+def test_small_scene_is_read_once_and_timed_as_read(
+    tmp_path, synthetic_scene, predictor, monkeypatch
+):
+    """A scene whose buildings share one read: pre and post are each read once (the alignment
+    blocks and the chips are cut from it), and its seconds are the ``read`` stage's."""
+    from app.scoring.common import ScoreOptions
+    from app.scoring.scene import score_scene
+    from data_prep.mosaic import Mosaic
+
+    reads = []
+    read = Mosaic.read
+
+    def counted(self, *args, **kwargs):
+        reads.append(args)
+        time.sleep(0.25)  # a slow disk: its seconds must land in "read"
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Mosaic, "read", counted)
+    s = synthetic_scene
+    options = ScoreOptions(progress=False, profile=True)
+    report = score_scene(
+        predictor, s.pre, s.post, s.buildings, tmp_path / "o.geojson", options=options
+    )
+    assert not report.alignment["applied"]
+    assert len(reads) == 2 and reads[0] == reads[1]  # pre and post, the same window
+    assert report.stages["read"] >= 0.5 > report.stages["align"] > 0
 
 
 # ------------------------------------------------------------------------------ real data

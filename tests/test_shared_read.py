@@ -65,7 +65,9 @@ def _shared_and_separate(fixture):
 def test_read_pair_keeps_one_read_for_the_same_window(synthetic_scene):
     with open_scene(synthetic_scene.pre, synthetic_scene.post) as scene:
         kept = scene.read_pair(3, 5, 120, 90, keep=True)
+        still = scene.read_pair(3, 5, 120, 90, keep=True)  # asked to keep again: kept again
         again = scene.read_pair(3, 5, 120, 90)
+        assert all(a is b for a, b in zip(kept, still, strict=True))
         assert all(a is b for a, b in zip(kept, again, strict=True))
         fresh = scene.read_pair(3, 5, 120, 90)  # handed over once, then read again
         assert not any(a is b for a, b in zip(kept, fresh, strict=True))

@@ -183,13 +183,14 @@ def score_scene(
         timer.add("open", time.perf_counter() - start)
         with timer.stage("plan"):
             plan = plan_reads(scene, footprints, predictor.spec, options.block_size)
+        window = single_read(scene, plan)
+        if window is not None:
+            # a scene read at once: read here, kept for the alignment blocks and the chips
+            with timer.stage("read"):
+                scene.read_pair(*window, keep=True)
         with timer.stage("align"):
-            # a scene read at once: the measurement reads the chips' window and keeps it
             shift = align_scene(
-                scene,
-                pixel_centroids(scene.grid, footprints),
-                options.align,
-                read=single_read(scene, plan),
+                scene, pixel_centroids(scene.grid, footprints), options.align, read=window
             )
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
         t = time.perf_counter()
