@@ -59,7 +59,7 @@ ORDER_KEY = "local_damage_order"
 #: Output metadata key of the grade rule, written only when grades are not the most probable ones.
 GRADES_KEY = "local_damage_grades"
 #: The stages of a scoring run, in the order they happen (:attr:`ScoreReport.stages`).
-STAGES = ("open", "align", "plan", "read", "cut", "context", "infer", "flags", "order", "outputs")
+STAGES = ("open", "plan", "align", "read", "cut", "context", "infer", "flags", "order", "outputs")
 
 
 #: ``source`` of a building whose footprint was supplied.
