@@ -35,6 +35,7 @@ from data_prep import radiometry
 from data_prep.errors import LocalDamageError, not_found
 from data_prep.grid import Grid, affine_geometries, pre_grid, reproject_geometries
 from data_prep.imagery import ImageError, check_png_complete
+from data_prep.nodata_free import open_nodata_free
 from data_prep.quality import max_pixels as pixel_limit
 from data_prep.quality import pixel_limit_problem
 from data_prep.radiometry import Scaling
@@ -87,6 +88,7 @@ class Tile:
     source: object | None = None
     _plain: bool | None = field(default=None, repr=False)
     _same_crs: object | None = field(default=None, repr=False)
+    _warp_from: object | None = field(default=None, repr=False)
 
     def use_scaling(self, scaling: Scaling) -> None:
         """Show the tile as uint8 through ``scaling`` (a VRT over the file; uint8 tiles as is)."""
@@ -131,8 +133,12 @@ class Tile:
         if at is not None:
             return self._read_aligned(at[0], at[1], width, height)
         data = np.zeros((4, height, width), dtype=np.uint8)
+        if self._warp_from is None:  # a tile holding no pixel of its nodata value: warped
+            # without it, the same pixels at a fraction of the cost (data_prep.nodata_free)
+            free = open_nodata_free(self.dataset, self.alpha) if self.source is None else None
+            self._warp_from = self.dataset if free is None else free
         reproject(
-            rasterio.band(self.dataset, [1, 2, 3, self.alpha] if self.alpha else [1, 2, 3]),
+            rasterio.band(self._warp_from, [1, 2, 3, self.alpha] if self.alpha else [1, 2, 3]),
             data,
             dst_transform=transform,
             dst_crs=crs,
@@ -206,6 +212,8 @@ class Tile:
         return rgb, valid
 
     def close(self) -> None:
+        if self._warp_from is not None and self._warp_from is not self.dataset:
+            self._warp_from.close()
         self.dataset.close()
         if self.source is not None:
             self.source.close()
