@@ -11,7 +11,8 @@ Which tiles: uint8 files read as they are (no scaling VRT, no alpha band), whose
 nodata value of 0 (the black collar of most products; with another value the warp that honours it
 writes that value into the pixels it leaves without data, where the plain warp leaves 0), and of
 at most :data:`MAX_SCAN_PIXELS` pixels, scanned once, in strips, up to the first pixel of the
-nodata value (:func:`holds_nodata`).
+nodata value (:func:`holds_nodata`: a tile with a collar is told by one strip, one without the
+value costs one read of the tile).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def scannable(dataset, alpha: int = 0) -> bool:
 
 def holds_nodata(dataset) -> bool:
     """Whether any pixel of bands 1-3 of ``dataset`` equals its nodata value (in any band: GDAL
-    may treat the bands' nodata apart), read in strips of about :data:`STRIP_PIXELS` pixels and
-    stopped at the first."""
+    may treat the bands' nodata apart), read in strips of about :data:`STRIP_PIXELS` pixels, the
+    last strip first, and stopped at the first such pixel."""
     from rasterio.windows import Window
 
     nodata = dataset.nodata
@@ -54,7 +55,9 @@ def holds_nodata(dataset) -> bool:
         return False  # no uint8 pixel can equal it
     value = np.uint8(nodata)
     rows = max(1, STRIP_PIXELS // max(dataset.width, 1))
-    for row in range(0, dataset.height, rows):
+    starts = list(range(0, dataset.height, rows))
+    # the last strip, then the first: a collar along any edge is found in one strip
+    for row in dict.fromkeys([starts[-1], *starts]):
         height = min(rows, dataset.height - row)
         strip = dataset.read([1, 2, 3], window=Window(0, row, dataset.width, height))
         if (strip == value).any():

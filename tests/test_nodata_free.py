@@ -98,9 +98,12 @@ def test_which_tiles_are_scanned_and_what_a_scan_finds(tmp_path, monkeypatch):
     rgb = rng.integers(1, 256, (300, 200, 3)).astype(np.uint8)
     one_band = rgb.copy()
     one_band[299, 150, 2] = 0  # the last strip, one band
+    middle = rgb.copy()
+    middle[150, 3, 1] = 0  # a strip in the middle: every strip is read
     cases = {
         "plain.tif": (rgb, 0, "uint8", False, True, False),
         "one_band.tif": (one_band, 0, "uint8", False, True, True),
+        "middle.tif": (middle, 0, "uint8", False, True, True),
         "none.tif": (rgb, None, "uint8", False, False, False),
         "alpha.tif": (rgb, 0, "uint8", True, False, False),
         "uint16.tif": (rgb, 0, "uint16", False, False, False),
