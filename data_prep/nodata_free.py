@@ -2,7 +2,7 @@
 
 GDAL warps a source with a nodata value through its general kernel, which weighs every source
 pixel by its validity: on the synthetic scene's post tiles (another CRS, 11% finer pixels) that
-is two to three times the time of the same warp from a source without one. Where no pixel of the
+is about twice the time of the same warp from a source without one (docs/benchmarks.md). Where no pixel of the
 tile equals its nodata value every validity weight is one, and the warp from the same pixels with
 no nodata value gives the same array, bit for bit (``tests/test_nodata_free.py``): such a tile is
 warped from a VRT of its bands 1-3 that leaves the nodata value out (:func:`plain_vrt`).
@@ -18,8 +18,6 @@ value costs one read of the tile).
 from __future__ import annotations
 
 import os
-
-import numpy as np
 
 #: Largest tile scanned for its nodata value (a 4096 px square); larger tiles warp as they are.
 MAX_SCAN_PIXELS = 4096 * 4096
@@ -48,12 +46,9 @@ def holds_nodata(dataset) -> bool:
     last strip first, and stopped at the first such pixel."""
     from rasterio.windows import Window
 
-    nodata = dataset.nodata
-    if nodata is None:
+    value = dataset.nodata
+    if value is None:
         return False
-    if not (0 <= nodata <= 255 and float(nodata).is_integer()):
-        return False  # no uint8 pixel can equal it
-    value = np.uint8(nodata)
     rows = max(1, STRIP_PIXELS // max(dataset.width, 1))
     starts = list(range(0, dataset.height, rows))
     # the last strip, then the first: a collar along any edge is found in one strip

@@ -316,10 +316,9 @@ def single_read(
     """``(col, row, width, height)`` of the one read of a plan whose buildings all share it (a
     small scene), None when it has several reads, none, or one over the pixel limit.
 
-    Scene scoring lets the alignment measurement read this window (it cuts its blocks from it
-    when they lie inside) and keep it (:meth:`data_prep.mosaic.Scene.read_pair`), so that when no
-    shift is applied the chips are cut from that very read instead of a second warp of the
-    post imagery."""
+    Scene scoring reads this window once and keeps it (:meth:`data_prep.mosaic.Scene.read_pair`):
+    the alignment measurement cuts its blocks from it when they lie inside, and when no shift is
+    applied the chips are cut from that very read instead of a second warp of the post imagery."""
     if len(plan.groups) != 1:
         return None
     b = plan.buildings
