@@ -101,3 +101,44 @@ def test_the_candidates_are_every_head_kept_and_discounted():
     ad = adapt_head(raw, unit(rng.normal(size=(30, 8))), y, 4)
     expected = {*METHODS, *(m + "+discount" for m in METHODS)}
     assert set(ad.cv["candidates"]) == expected
+
+
+def _few_labels_of_one_grade():
+    """5 labels, 3 of them minor damage (1) that the base model calls no-damage, on embeddings
+    that hold nothing about the grade; 300 held-out buildings the base model grades right
+    (no-damage, minor damage it calls no-damage, destroyed)."""
+    rng = np.random.default_rng(0)
+    y = np.array([1, 0, 1, 1, 3])
+    raw = rng.normal(0, 0.3, (5, 4))
+    raw[:, 0] += 2.0
+    raw[4, 3] += 2.5
+    z = unit(rng.normal(size=(5, 16)))
+    ye = rng.choice([0, 1, 3], 300, p=[0.5, 0.2, 0.3])
+    re = rng.normal(0, 0.3, (300, 4))
+    re[np.arange(300), np.where(ye == 1, 0, ye)] += 2.0
+    ze = unit(rng.normal(size=(300, 16)))
+    return raw, z, y, re, ze, ye
+
+
+def test_a_few_labels_of_one_grade_do_not_let_a_logistic_head_call_everything_that_grade(
+    monkeypatch,
+):
+    """Below LOGISTIC_MIN_LABELS the logistic heads are not candidates: on this case, with them
+    allowed, leave-one-out over the 5 labels picks one that calls most held-out buildings minor
+    damage, far below the base model."""
+    import app.adapt.fit as fit
+
+    raw, z, y, re, ze, ye = _few_labels_of_one_grade()
+    base_f1 = _macro_f1(ye, re.argmax(1))
+
+    monkeypatch.setattr(fit, "LOGISTIC_MIN_LABELS", 0)
+    tripped = adapt_head(raw, z, y, 4)
+    pred = tripped.head.log_probabilities(re, ze).argmax(1)
+    assert tripped.head.method.startswith("logistic")
+    assert np.mean(pred == 1) > 0.5 and _macro_f1(ye, pred) < base_f1 - 0.1
+
+    monkeypatch.undo()
+    assert fit.LOGISTIC_MIN_LABELS == 10
+    ad = adapt_head(raw, z, y, 4)
+    assert not any(n.startswith("logistic") for n in ad.cv["candidates"])
+    assert _macro_f1(ye, ad.head.log_probabilities(re, ze).argmax(1)) >= base_f1 - 0.01

@@ -14,6 +14,8 @@ is kept unless a candidate beats it clearly on the cross-validation of the given
 - ``logistic+prior``: the same on ``z`` and the base model's log-probabilities, so the base
   model's judgement is a feature the regression can keep or overrule.
 
+The logistic heads are candidates only from :data:`LOGISTIC_MIN_LABELS` labels.
+
 Every head is linear in ``[z, log p_base(c | labelled classes)]`` and scores only the classes
 that have labels (``L``). A class without a label keeps the base model's probability unless the
 base model called labelled buildings that class (:data:`UNLABELLED_MIN_EVIDENCE`); then a
@@ -62,6 +64,10 @@ UNLABELLED_PSEUDO_COUNT = 1.0
 PROTOTYPE_PRIOR = 5.0
 #: Inverse regularisation strength of the logistic heads (features are standardised).
 LOGISTIC_C = 1.0
+#: The logistic heads (a weight per embedding dimension and class) are candidates only from this
+#: many labels. With fewer, a few labels of one grade let them call every building that grade,
+#: and leave-one-out over so few labels cannot tell (docs/experiments/fewshot.md).
+LOGISTIC_MIN_LABELS = 10
 #: Up to this many labels, cross-validation is leave-one-out; above, stratified k-fold.
 LEAVE_ONE_OUT_MAX = 40
 #: Folds of the stratified k-fold cross-validation.
@@ -356,6 +362,8 @@ def adapt_head(
         rules.append("discount")
     if len(present) == 1:  # one class: nothing for a head to learn, only the discount to judge
         methods = ("base",)
+    elif len(y) < LOGISTIC_MIN_LABELS:
+        methods = tuple(m for m in methods if not m.startswith("logistic")) or ("base",)
     names = [m + ("" if r == "keep" else DISCOUNTED) for r in rules for m in methods]
     names = sorted(dict.fromkeys(["base", *names]), key=lambda n: _order(n, methods))
     scheme, folds = _splits(y, seed)
