@@ -61,15 +61,13 @@ def holds_nodata(dataset) -> bool:
 
 
 def plain_vrt(dataset) -> str:
-    """A GDAL VRT (XML text) of bands 1-3 of ``dataset`` with its CRS, geotransform and size and
-    no nodata value."""
+    """A GDAL VRT (XML text) of bands 1-3 of ``dataset`` with its CRS, geotransform and size
+    (:func:`data_prep.radiometry.vrt_root`) and no nodata value."""
     import xml.etree.ElementTree as ET
 
-    root = ET.Element("VRTDataset", rasterXSize=str(dataset.width), rasterYSize=str(dataset.height))
-    ET.SubElement(root, "SRS").text = dataset.crs.to_wkt()
-    ET.SubElement(root, "GeoTransform").text = ", ".join(
-        repr(float(v)) for v in dataset.transform.to_gdal()
-    )
+    from data_prep.radiometry import vrt_root
+
+    root = vrt_root(dataset)
     path = os.path.abspath(dataset.name)
     for b, colour in zip((1, 2, 3), ("Red", "Green", "Blue"), strict=True):
         band = ET.SubElement(root, "VRTRasterBand", dataType="Byte", band=str(b))

@@ -219,6 +219,20 @@ def scene_scalings(tiles: list) -> None:
         tile.use_scaling(tile.scaling)
 
 
+def vrt_root(dataset):
+    """The ``VRTDataset`` element (xml.etree) of a VRT over ``dataset``: its size, CRS (when it
+    has one) and geotransform, so that a warp from the VRT lands where one from the file would."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.Element("VRTDataset", rasterXSize=str(dataset.width), rasterYSize=str(dataset.height))
+    if dataset.crs is not None:
+        ET.SubElement(root, "SRS").text = dataset.crs.to_wkt()
+    ET.SubElement(root, "GeoTransform").text = ", ".join(
+        repr(float(v)) for v in dataset.transform.to_gdal()
+    )
+    return root
+
+
 def scaled_vrt(dataset, scaling: Scaling, alpha: int = 0) -> tuple[str, int]:
     """A GDAL VRT (XML text) showing bands 1-3 of ``dataset`` as uint8 through ``scaling``.
 
@@ -245,12 +259,7 @@ def scaled_vrt(dataset, scaling: Scaling, alpha: int = 0) -> tuple[str, int]:
     nodata = dataset.nodata
     mapped_nodata = scaling.maps_exactly(nodata) if nodata is not None else None
     needs_alpha = bool(alpha) or (nodata is not None and mapped_nodata is None)
-    root = ET.Element("VRTDataset", rasterXSize=str(dataset.width), rasterYSize=str(dataset.height))
-    if dataset.crs is not None:
-        ET.SubElement(root, "SRS").text = dataset.crs.to_wkt()
-    ET.SubElement(root, "GeoTransform").text = ", ".join(
-        repr(float(v)) for v in dataset.transform.to_gdal()
-    )
+    root = vrt_root(dataset)
 
     def source(parent, tag: str, band: str, dtype: str):
         src = ET.SubElement(parent, tag)

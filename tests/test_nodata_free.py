@@ -166,3 +166,21 @@ def test_real_tiles_given_a_nodata_value_they_do_not_hold(tmp_path):
         windows = [(0, 0, 700, 700), (300, 250, 900, 600), (-50, 600, 500, 500)]
         seen += _check_windows(path, crs, origin, windows, free=True)
     assert seen > 100_000
+
+
+def test_a_tile_without_a_crs_gets_a_plain_vrt_too(tmp_path):
+    """plain_vrt shares the VRT header of radiometry.scaled_vrt, which leaves out a missing CRS."""
+    import rasterio
+    from rasterio.errors import NotGeoreferencedWarning
+
+    rgb = np.random.default_rng(9).integers(1, 256, (64, 80, 3)).astype(np.uint8)
+    path = tmp_path / "nocrs.tif"
+    profile = {"driver": "GTiff", "width": 80, "height": 64, "count": 3, "dtype": "uint8"}
+    with pytest.warns(NotGeoreferencedWarning), rasterio.open(path, "w", nodata=0, **profile) as ds:
+        ds.write(np.moveaxis(rgb, -1, 0))
+    with pytest.warns(NotGeoreferencedWarning), rasterio.open(path) as ds:
+        free = nodata_free.open_nodata_free(ds)
+        assert free is not None
+        with free:
+            assert free.crs is None and free.nodata is None
+            np.testing.assert_array_equal(free.read(), ds.read())

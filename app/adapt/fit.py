@@ -276,7 +276,8 @@ class Adaptation:
     Attributes:
         head: the chosen head, fitted on every label.
         cv: ``{"scheme", "candidates": {method: {"nll", "accuracy", "macro_f1"}}}`` out-of-fold
-            figures of every head tried.
+            figures of every head tried, and ``not_tried`` (head -> why) when a head asked for
+            was left out for too few labels.
         train: the chosen head's figures on the labels it was fitted on, and the base model's.
         seconds: wall time of cross-validation and the final fit.
     """
@@ -360,10 +361,13 @@ def adapt_head(
         and (unlabelled_discount(lo, present, k, base_temperature) < 1.0).any()
     ):
         rules.append("discount")
+    not_tried: dict[str, str] = {}
     if len(present) == 1:  # one class: nothing for a head to learn, only the discount to judge
         methods = ("base",)
     elif len(y) < LOGISTIC_MIN_LABELS:
-        methods = tuple(m for m in methods if not m.startswith("logistic")) or ("base",)
+        few = f"{len(y)} labels, fewer than the {LOGISTIC_MIN_LABELS} a logistic head needs"
+        not_tried = {m: few for m in methods if m.startswith("logistic")}
+        methods = tuple(m for m in methods if m not in not_tried) or ("base",)
     names = [m + ("" if r == "keep" else DISCOUNTED) for r in rules for m in methods]
     names = sorted(dict.fromkeys(["base", *names]), key=lambda n: _order(n, methods))
     scheme, folds = _splits(y, seed)
@@ -403,9 +407,10 @@ def adapt_head(
         "chosen": _metrics(head.log_probabilities(lo, z), y),
         "base": _metrics(log_softmax(lo / base_temperature), y),
     }
-    return Adaptation(
-        head, {"scheme": scheme, "candidates": candidates}, train, seconds, {"fitted": fitted}
-    )
+    cv: dict[str, Any] = {"scheme": scheme, "candidates": candidates}
+    if not_tried:
+        cv["not_tried"] = not_tried
+    return Adaptation(head, cv, train, seconds, {"fitted": fitted})
 
 
 def _parse(name: str) -> tuple[str, str]:

@@ -197,6 +197,8 @@ def format_adaptation(block: Mapping[str, Any]) -> str:
         lines.append(
             f"  {method:<15} {m['nll']:.4f} / {m['accuracy']:.4f} / {m['macro_f1']:.4f}{mark}"
         )
+    for method, why in (cv.get("not_tried") or {}).items():
+        lines.append(f"  {method:<15} not tried: {why}")
     text = unlabelled_text(block)
     if text:
         lines.append(text)
