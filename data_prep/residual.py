@@ -229,7 +229,8 @@ class ReadContext:
             )
         self.pre_img, self.post_img = pre_img, post_img
         self.shape = pre_img.shape[:2]
-        self.valid = valid
+        # a read valid throughout (the common case) needs no look at each window's pixels
+        self.valid = None if valid is not None and valid.all() else valid
         self.limit = limit
         self.pre_grey = cv2.cvtColor(np.ascontiguousarray(pre_img), cv2.COLOR_RGB2GRAY)
         self.post_grey = cv2.cvtColor(np.ascontiguousarray(post_img), cv2.COLOR_RGB2GRAY)
