@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_prep import registration
 from data_prep.alignment import (
     BlockShift,
     align_images,
@@ -84,6 +85,27 @@ def test_context_shift_within_a_pixel_at_half_resolution(dx, dy):
     s = context_shift(big[inner, inner], moved[inner, inner])
     assert s.inside and abs(s.dx - dx) < 1.0 and abs(s.dy - dy) < 1.0, (s.dx, s.dy)
     assert abs(context_residual(big[inner, inner], moved[inner, inner]) - math.hypot(dx, dy)) < 1
+
+
+def test_sub_pixel_peak_is_the_vertex_of_the_parabola_clipped_to_half_a_pixel():
+    """The peak's offset is the vertex of the parabola through it and its two neighbours, in
+    float32 as the correlation map holds them, clipped to half a pixel, and 0 where the three do
+    not bend down (a flat or rising run) or the peak is on the map's edge."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        m = rng.normal(size=(3, 3)).astype(np.float32)
+        if rng.random() < 0.2:  # ties with the peak
+            m[1, rng.choice([0, 2])] = m[1, 1]
+        a, b, c = m[1, 0], m[1, 1], m[1, 2]
+        d = float(a) - 2 * float(b) + float(c)
+        want = 0.0 if d >= 0 else min(0.5, max(-0.5, 0.5 * (float(a) - float(c)) / d))
+        x, y = registration._parabola(m, 1, 1)
+        assert abs((x - 1) - want) < 1e-6, (m[1], x, want)
+        assert -0.5 <= y - 1 <= 0.5
+    edge = np.array([[0.0, 1.0, 0.5]], np.float32)
+    x, y = registration._parabola(edge, 1, 0)  # one row: no neighbours in y
+    assert abs(x - (1 + 1 / 6)) < 1e-6 and y == 0.0
+    assert registration._parabola(edge, 0, 0) == (0.0, 0.0)
 
 
 def test_context_residual_of_an_image_pair_around_a_building():
