@@ -9,6 +9,15 @@ XBD ?= ../shared/data/xbd_sample
 XBD_EXTRA ?= ../shared/data/xbd_extra
 DEFAULT := work/default-model
 LOCALIZER := work/localizer
+# Hurricane Michael's 65 labelled tiles (../shared/data/xbd_michael/README.md), extracted from a
+# local mirror of their public repository: `make michael MIRROR=/path/to/the/mirror/git/dir`.
+MICHAEL ?= work/data/xbd_michael
+MIRROR ?=
+# Every labelled tile of the five events (both folders and Michael) in one store at 64 px (the
+# recipes' input size), with its spatial-block folds (splits.csv) and a copy with one fold per
+# event (ALL5_EVENTS); docs/experiments/generalisation.md.
+ALL5 := work/all5/chips64
+ALL5_EVENTS := work/all5/events64
 # The default model's chips and tile folds: both folders, 5 folds by tile dealt event by event
 # (docs/experiments/cv.md); its figures are the 5-fold cross-validation of its recipe.
 ALL_CHIPS := work/all/chips
@@ -37,7 +46,7 @@ LOCAL_SETS := --set loss.method=local --set loss.normalize_z=false --set model.l
 SCL_SETS := --set loss.method=scl --set loss.normalize_z=true --set model.latent_abs=false
 
 .PHONY: install run demo test test-all lint format clean all-chips default-chips default-model \
-	default-model-cv default-model-heldout localizer localizer-cv localizer-sample
+	default-model-cv default-model-heldout localizer localizer-cv localizer-sample michael all5-chips
 
 install: $(VENV)/.installed
 
@@ -63,6 +72,20 @@ demo: install
 all-chips: install
 	$(BIN)/local-damage prepare xbd --xbd $(XBD) --xbd $(XBD_EXTRA) --out $(ALL_CHIPS) --workers 2
 	$(BIN)/local-damage split $(ALL_CHIPS) --folds 5 --by tile --stratify event --seed $(HOLDOUT_SEED)
+
+## Hurricane Michael's tiles into $(MICHAEL), from the mirror's git directory given as MIRROR.
+michael:
+	@[ -n "$(MIRROR)" ] || { echo "error: give MIRROR=GIT_DIR, a mirror of gvas213/Automated-Disaster-Assessment- (../shared/data/xbd_michael/README.md)" >&2; exit 2; }
+	bash ../shared/tools/get_xbd_michael.sh $(MIRROR) $(MICHAEL)
+
+## Chips of the five events (both folders and Michael) and their spatial-block and event folds.
+all5-chips: install
+	@[ -d $(MICHAEL)/labels ] || { echo "error: no $(MICHAEL)/labels; run make michael MIRROR=... first" >&2; exit 2; }
+	$(BIN)/local-damage prepare xbd --xbd $(XBD) --xbd $(XBD_EXTRA) --xbd $(MICHAEL) \
+		--out $(ALL5) --chip-size 64 --workers 2 --quiet
+	rm -rf $(ALL5_EVENTS) && cp -r $(ALL5) $(ALL5_EVENTS)
+	$(BIN)/local-damage split $(ALL5) --by block --folds 5 --stratify event --seed $(HOLDOUT_SEED)
+	$(BIN)/local-damage split $(ALL5_EVENTS) --by event
 
 ## The default model, end to end: the recipe's cross-validation run of fold 2 (reused when
 ## present; about 65 minutes on one thread), exported int8 with the raw probabilities (the

@@ -89,7 +89,12 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
 
 def _run_split(args: argparse.Namespace) -> int:
     path = make_splits(
-        args.chips, folds=args.folds, by=args.by, seed=args.seed, stratify=args.stratify
+        args.chips,
+        folds=args.folds,
+        by=args.by,
+        seed=args.seed,
+        stratify=args.stratify,
+        block_km=args.block_km,
     )
     if args.json:
         print(json.dumps(fold_counts(args.chips), indent=2))
@@ -182,7 +187,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     split = sub.add_parser(
         "split",
         help="assign tiles of a chip store to cross-validation folds",
-        description="Write CHIPS/splits.csv: k folds grouped by tile (stratified by class as far as the groups allow) or leave-one-event-out. No tile is in two folds.",
+        description="Write CHIPS/splits.csv: k folds grouped by tile or by spatial block of neighbouring tiles (stratified by class as far as the groups allow), or leave-one-event-out. No tile is in two folds.",
     )
     split.add_argument("chips", metavar="CHIPS", help="chip store folder")
     split.add_argument(
@@ -190,20 +195,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=5,
         metavar="K",
-        help="number of folds for --by tile (default 5)",
+        help="number of folds for --by tile or block (default 5)",
     )
     split.add_argument(
         "--by",
-        choices=("tile", "event"),
+        choices=("tile", "block", "event"),
         default="tile",
-        help="group by tile (k-fold) or by event (leave-one-event-out)",
+        help="group by tile (k-fold), by spatial block (k-fold of groups of neighbouring tiles, "
+        "so no fold holds a neighbour of another fold's tile) or by event (leave-one-event-out)",
+    )
+    split.add_argument(
+        "--block-km",
+        type=float,
+        default=1.0,
+        metavar="KM",
+        help="--by block: tiles whose centres lie within KM of each other share a block "
+        "(default 1.0; xBD tiles are about 0.5 km wide)",
     )
     split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     split.add_argument(
         "--stratify",
         choices=("class", "event"),
         default="class",
-        help="--by tile: balance each class's share over the folds (class, the default) or each "
+        help="--by tile/block: balance each class's share over the folds (class, the default) or each "
         "event's and class's together, so every fold holds tiles of every event that has enough "
         "(event)",
     )

@@ -15,12 +15,20 @@ one image (which share look, date and often damage) never sit on both sides of a
   the tiles of every event are dealt round the folds, so each fold holds tiles of each event
   that has at least as many tiles as there are folds, and an event with fewer tiles has each in
   a fold of its own.
+- ``by="block"``: the same greedy over spatial blocks instead of tiles. A block is a connected
+  group of tiles whose centres (the mean lon/lat of their buildings) lie within ``block_km`` of
+  a neighbour's, so no tile has a neighbour in another fold (xBD tiles are about 0.5 km wide:
+  with the default 1 km two tiles of different blocks are at least a tile's width apart). The
+  tile folds put neighbouring tiles of one town on both sides of a split; these measure what a
+  model does on an area it never saw. Tiles without coordinates are blocks of their own.
 - ``by="event"``: leave one event out; fold ``i`` is the ``i``-th event in sorted order.
 
 :func:`inner_folds` deals the training tiles of one outer fold into inner folds the same way, for
 choices (of a recipe, a threshold) that must never see the outer test fold.
 
-The result is ``CHIPS/splits.csv`` with columns chip_id, tile, event, fold, in manifest order.
+The result is ``CHIPS/splits.csv`` with columns chip_id, tile, event, fold, in manifest order, and
+``group``: the unit that was dealt (the tile, the block or the event), which the inner folds of
+:func:`inner_folds` keep together too.
 """
 
 from __future__ import annotations
@@ -36,7 +44,11 @@ from data_prep.store import StoreError, StoreNotFoundError, atomic_path, read_ma
 
 SPLITS = "splits.csv"
 SPLIT_COLUMNS = ("chip_id", "tile", "event", "fold")
-BY_CHOICES = ("tile", "event")
+#: Written after SPLIT_COLUMNS: the unit dealt into folds (older splits.csv files lack it).
+GROUP_COLUMN = "group"
+BY_CHOICES = ("tile", "block", "event")
+#: Default largest distance (km) between the centres of two tiles of one spatial block.
+BLOCK_KM = 1.0
 STRATIFY_CHOICES = ("class", "event")
 
 log = logging.getLogger(__name__)
@@ -48,25 +60,36 @@ class SplitError(StoreError):
 
 
 def assign_folds(
-    manifest, folds: int = 5, by: str = "tile", seed: int = 0, stratify: str = "class"
+    manifest,
+    folds: int = 5,
+    by: str = "tile",
+    seed: int = 0,
+    stratify: str = "class",
+    block_km: float = BLOCK_KM,
+    groups=None,
 ):
     """Assign every chip of a manifest to a fold.
 
     Args:
-        manifest: DataFrame with at least chip_id, tile, event and label (``read_manifest``).
-        folds: number of folds for ``by="tile"`` (ignored for ``by="event"``).
-        by: ``"tile"`` (grouped, stratified k-fold) or ``"event"`` (leave one event out).
-        seed: random seed for the order in which tiles are dealt to folds.
-        stratify: for ``by="tile"``, balance the folds' shares of each class (``"class"``) or of
-            each event and class together (``"event"``).
+        manifest: DataFrame with at least chip_id, tile, event and label (``read_manifest``);
+            lon and lat for ``by="block"``.
+        folds: number of folds for ``by="tile"`` or ``"block"`` (ignored for ``by="event"``).
+        by: ``"tile"`` (grouped, stratified k-fold), ``"block"`` (the same over spatial blocks of
+            tiles) or ``"event"`` (leave one event out).
+        seed: random seed for the order in which tiles (blocks) are dealt to folds.
+        stratify: for ``by="tile"``/``"block"``, balance the folds' shares of each class
+            (``"class"``) or of each event and class together (``"event"``).
+        block_km: for ``by="block"``, tiles whose centres are closer than this join one block.
+        groups: for ``by="tile"``, a mapping tile -> group that deals whole groups instead of
+            tiles (the inner folds of a block split keep its blocks together).
 
     Returns:
-        DataFrame with columns chip_id, tile, event, fold (int), one row per chip in manifest
-        order.
+        DataFrame with columns chip_id, tile, event, fold (int) and group (the unit dealt), one
+        row per chip in manifest order.
 
     Raises:
-        SplitError: for an unknown ``by``, fewer than 2 folds, fewer tiles than folds, fewer than
-            2 events for ``by="event"``, or a tile listed under two events.
+        SplitError: for an unknown ``by``, fewer than 2 folds, fewer tiles (blocks) than folds,
+            fewer than 2 events for ``by="event"``, or a tile listed under two events.
     """
     import pandas as pd
 
@@ -98,35 +121,101 @@ def assign_folds(
             )
         index = {e: i for i, e in enumerate(events)}
         frame["fold"] = frame["event"].map(index).astype(int)
+        frame[GROUP_COLUMN] = frame["event"]
         return frame.reset_index(drop=True)
 
     if folds < 2:
         raise SplitError(f"--folds must be at least 2, got {folds}")
-    tiles = frame["tile"].unique()
-    if len(tiles) < folds:
+    if by == "block":
+        groups = spatial_blocks(manifest, block_km)
+    unit = frame["tile"].map(groups) if groups is not None else frame["tile"]
+    if unit.isna().any():
+        raise SplitError(f"tile {frame.loc[unit.isna(), 'tile'].iloc[0]!r} has no group")
+    frame[GROUP_COLUMN] = unit.astype(str)
+    what = "spatial blocks" if by == "block" else "tiles" if groups is None else "tile groups"
+    n_units = frame[GROUP_COLUMN].nunique()
+    if n_units < folds:
         raise SplitError(
-            f"{folds} folds need at least {folds} tiles, the store has {len(tiles)}; "
-            "use fewer --folds (or more tiles)"
+            f"{folds} folds need at least {folds} {what}, the store has {n_units}; "
+            "use fewer --folds (or more tiles"
+            + (", or a smaller --block-km)" if by == "block" else ")")
         )
     fold = stratified_group_folds(
         manifest["label"].to_numpy(),
-        frame["tile"].to_numpy(),
+        frame[GROUP_COLUMN].to_numpy(),
         folds,
         seed,
         events=frame["event"].to_numpy() if stratify == "event" else None,
     )
     if len(np.unique(fold)) < folds:
         raise SplitError(
-            f"could not deal the {len(tiles)} tiles into {folds} non-empty folds; use fewer --folds"
+            f"could not deal the {n_units} {what} into {folds} non-empty folds; use fewer --folds"
         )
     frame["fold"] = pd.Series(fold, index=frame.index).astype(int)
     return frame.reset_index(drop=True)
+
+
+def tile_centres(manifest):
+    """Per tile, the mean lon/lat of its buildings (DataFrame indexed by tile; NaN when the tile
+    has no coordinates)."""
+    import pandas as pd
+
+    lonlat = manifest[["tile", "event"]].copy()
+    for c in ("lon", "lat"):
+        column = manifest[c] if c in manifest.columns else np.nan
+        lonlat[c] = pd.to_numeric(column, errors="coerce")
+    return lonlat.groupby("tile").agg(
+        event=("event", "first"), lon=("lon", "mean"), lat=("lat", "mean")
+    )
+
+
+def spatial_blocks(manifest, block_km: float = BLOCK_KM) -> dict[str, str]:
+    """Tile -> spatial block: the connected groups of tiles whose centres lie within ``block_km``
+    of each other (single linkage), named ``<event>:block<k>`` in the order of their first tile.
+
+    A tile without coordinates is a block of its own, named after the tile.
+
+    Raises:
+        SplitError: ``block_km`` is not positive.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial import cKDTree
+
+    if not block_km > 0:
+        raise SplitError(f"--block-km must be positive, got {block_km}")
+    centres = tile_centres(manifest).sort_index()
+    placed = centres.dropna(subset=["lon", "lat"])
+    out = {t: f"{t}:alone" for t in centres.index.difference(placed.index)}
+    if len(placed):
+        # local equirectangular km (a block spans a few km: the error is far below a tile)
+        lat0 = np.radians(placed["lat"].to_numpy())
+        xy = np.column_stack(
+            [placed["lon"].to_numpy() * 111.32 * np.cos(lat0), placed["lat"].to_numpy() * 110.57]
+        )
+        pairs = cKDTree(xy).query_pairs(r=float(block_km), output_type="ndarray")
+        n = len(placed)
+        graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
+        _, comp = connected_components(graph, directed=False)
+        events = placed["event"].to_numpy()
+        names: dict[int, str] = {}
+        counter: dict[str, int] = {}
+        for tile, c, event in zip(placed.index, comp, events, strict=True):
+            if c not in names:
+                counter[event] = counter.get(event, -1) + 1
+                names[c] = f"{event}:block{counter[event]}"
+            out[tile] = names[c]
+    return out
 
 
 def inner_folds(
     splits, manifest, test_fold: int, folds: int, seed: int = 0, stratify: str = "event"
 ):
     """Inner folds of the training tiles of one outer fold (every fold but ``test_fold``).
+
+    The units the outer split dealt (its ``group`` column: spatial blocks of a block split) stay
+    together in the inner folds too, so an inner choice is made on areas as unseen as the outer
+    test fold's.
 
     Args:
         splits: the outer splits (``load_splits``).
@@ -137,7 +226,8 @@ def inner_folds(
         stratify: as :func:`assign_folds`.
 
     Returns:
-        DataFrame chip_id, tile, event, fold (the inner fold) of the chips outside ``test_fold``.
+        DataFrame chip_id, tile, event, fold (the inner fold), group of the chips outside
+        ``test_fold``.
 
     Raises:
         SplitError: no such outer fold, or fewer training tiles than inner folds.
@@ -148,8 +238,13 @@ def inner_folds(
         )
     keep = set(splits.loc[splits["fold"] != test_fold, "chip_id"])
     part = manifest[manifest["chip_id"].isin(keep)].reset_index(drop=True)
+    groups = None
+    if GROUP_COLUMN in splits.columns:
+        groups = dict(zip(splits["tile"], splits[GROUP_COLUMN], strict=True))
     try:
-        return assign_folds(part, folds=folds, by="tile", seed=seed, stratify=stratify)
+        return assign_folds(
+            part, folds=folds, by="tile", seed=seed, stratify=stratify, groups=groups
+        )
     except SplitError as exc:
         raise SplitError(f"inner folds of outer fold {test_fold}: {exc}") from exc
 
@@ -257,6 +352,7 @@ def make_splits(
     seed: int = 0,
     *,
     stratify: str = "class",
+    block_km: float = BLOCK_KM,
     verbose: bool = True,
 ) -> Path:
     """Write ``CHIPS/splits.csv`` atomically and log a per-fold summary.
@@ -264,9 +360,10 @@ def make_splits(
     Args:
         chips: chip store folder (with manifest.csv).
         folds: number of folds for ``by="tile"``.
-        by: ``"tile"`` or ``"event"`` (see :func:`assign_folds`).
+        by: ``"tile"``, ``"block"`` or ``"event"`` (see :func:`assign_folds`).
         seed: random seed; the same seed gives the same folds.
         stratify: ``"class"`` or ``"event"`` (see :func:`assign_folds`).
+        block_km: for ``by="block"``, the largest distance between neighbouring tile centres.
         verbose: log the summary (INFO).
 
     Returns:
@@ -279,16 +376,20 @@ def make_splits(
     root = Path(chips)
     manifest = read_manifest(root)
     try:
-        splits = assign_folds(manifest, folds=folds, by=by, seed=seed, stratify=stratify)
+        splits = assign_folds(
+            manifest, folds=folds, by=by, seed=seed, stratify=stratify, block_km=block_km
+        )
     except SplitError as exc:
         raise SplitError(f"{root}: {exc}") from exc
     out = root / SPLITS
     with atomic_path(out, suffix=".csv") as tmp:
-        splits.to_csv(tmp, index=False, columns=list(SPLIT_COLUMNS))
+        splits.to_csv(tmp, index=False, columns=[*SPLIT_COLUMNS, GROUP_COLUMN])
     if verbose:
         what = f"{splits['fold'].nunique()} folds by {by}" + (
-            f" (seed {seed}, stratified by {stratify})" if by == "tile" else ""
+            f" (seed {seed}, stratified by {stratify})" if by != "event" else ""
         )
+        if by == "block":
+            what += f", {splits[GROUP_COLUMN].nunique()} blocks of tiles within {block_km:g} km"
         log.info(f"{len(splits)} chips in {what}:")
         log.info(split_summary(splits, manifest))
     return out
@@ -308,7 +409,11 @@ def load_splits(chips: str | os.PathLike):
     path = root / SPLITS
     if not path.is_file():
         raise StoreNotFoundError(f"{path}: no splits; run `local-damage split {root}` first")
-    df = pd.read_csv(path, dtype={"chip_id": str, "tile": str, "event": str}, keep_default_na=False)
+    df = pd.read_csv(
+        path,
+        dtype={"chip_id": str, "tile": str, "event": str, GROUP_COLUMN: str},
+        keep_default_na=False,
+    )
     missing = [c for c in SPLIT_COLUMNS if c not in df.columns]
     if missing:
         raise SplitError(

@@ -33,16 +33,32 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
     return (x.float() - mean) / std
 
 
-def build_transforms(augment: bool):
+#: Augmentation strengths (``data.augment_strength``).
+STRENGTHS = ("light", "strong")
+
+
+def build_transforms(augment: bool, strength: str = "light"):
     """(paired geometric transform, per-image photometric transform), or (None, None).
+
+    ``"light"`` is the bundled model's augmentation. ``"strong"`` is the domain randomisation a
+    new sensor, season or event calls for: any rotation (overhead imagery has no up), scale
+    0.75-1.33 and a small shift on the pair; and on each image independently, stronger
+    brightness/contrast, gamma, hue/saturation and per-channel colour casts, blur or sharpening,
+    sensor noise, JPEG artefacts and a coarser ground sampling distance (downscale), so that
+    what differs between two acquisitions is not read as change.
 
     Resizing to the input size is not part of these: it is done with
     :func:`data_prep.windows.resize_chip`, the resampler serving uses, after the geometric step.
     """
     if not augment:
         return None, None
+    if strength not in STRENGTHS:
+        raise ValueError(f"data.augment_strength must be one of {STRENGTHS}, got {strength!r}")
     import albumentations as A
     import cv2
+
+    if strength == "strong":
+        return _strong_transforms(A, cv2)
 
     geometric = A.Compose(
         [
@@ -65,6 +81,37 @@ def build_transforms(augment: bool):
     return geometric, photometric
 
 
+def _strong_transforms(A, cv2):
+    geometric = A.Compose(
+        [
+            A.HorizontalFlip(p=0.5),
+            A.VerticalFlip(p=0.5),
+            A.RandomRotate90(p=0.5),
+            A.Affine(
+                scale=(0.75, 1.33),
+                rotate=(-45, 45),
+                translate_percent=(-0.06, 0.06),
+                border_mode=cv2.BORDER_REFLECT_101,
+                p=0.7,
+            ),
+        ],
+        additional_targets={"post": "image"},
+    )
+    photometric = A.Compose(
+        [
+            A.RandomBrightnessContrast(brightness_limit=0.3, contrast_limit=0.3, p=0.8),
+            A.RandomGamma(gamma_limit=(70, 140), p=0.3),
+            A.HueSaturationValue(hue_shift_limit=10, sat_shift_limit=30, val_shift_limit=15, p=0.5),
+            A.RGBShift(r_shift_limit=15, g_shift_limit=15, b_shift_limit=15, p=0.3),
+            A.OneOf([A.GaussianBlur(blur_limit=(3, 5)), A.Sharpen(alpha=(0.1, 0.3))], p=0.3),
+            A.GaussNoise(std_range=(0.01, 0.05), p=0.2),
+            A.Downscale(scale_range=(0.5, 0.9), p=0.2),
+            A.ImageCompression(quality_range=(50, 95), p=0.2),
+        ]
+    )
+    return geometric, photometric
+
+
 class ChipPairDataset(Dataset):
     """Pre/post chip pairs of a chip store.
 
@@ -80,6 +127,7 @@ class ChipPairDataset(Dataset):
         input_size: int = 128,
         augment: bool = False,
         seed: int = 0,
+        augment_strength: str = "light",
     ):
         self.root = Path(chips)
         frame = read_manifest(self.root)
@@ -110,7 +158,7 @@ class ChipPairDataset(Dataset):
         self.seed = int(seed)
         self.epoch = 0
         self._reader: ChipReader | None = None
-        self.geometric, self.photometric = build_transforms(self.augment)
+        self.geometric, self.photometric = build_transforms(self.augment, augment_strength)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)

@@ -61,7 +61,7 @@ def test_no_tile_in_two_folds_and_every_chip_once(store):
     assert path == store / SPLITS
     splits = load_splits(store)
     manifest = read_manifest(store)
-    assert list(splits.columns) == ["chip_id", "tile", "event", "fold"]
+    assert list(splits.columns) == ["chip_id", "tile", "event", "fold", "group"]
     assert list(splits["chip_id"]) == list(manifest["chip_id"])
     assert splits["chip_id"].is_unique
     assert (splits.groupby("tile")["fold"].nunique() == 1).all()

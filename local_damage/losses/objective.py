@@ -236,6 +236,9 @@ class LossConfig:
             ``z = W [e_pre, e_post]`` (False: ``e`` is unit norm but ``z`` is not re-normalised,
             so an unchanged building has a short ``z`` and inner products reach 4; a departure
             from the paper that the default model's recipe takes).
+        weight_power: exponent ``p`` of the cross-entropy's class weights ``n_c^-p``
+            (:func:`local_damage.losses.weighted_ce.class_weights`): 1 the paper's inverse
+            frequency, 0.5 the square root.
     """
 
     method: str = "local"
@@ -245,9 +248,12 @@ class LossConfig:
     alpha_schedule: str = "inverse"
     alpha_min: float = 0.0
     normalize_z: bool = True
+    weight_power: float = 1.0
 
     def __post_init__(self) -> None:
         check_method(self.method)
+        if not float(self.weight_power) >= 0:
+            raise ValueError(f"weight_power must be >= 0, got {self.weight_power}")
         if not float(self.temperature) > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not float(self.beta) >= 0:

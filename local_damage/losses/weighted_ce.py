@@ -44,10 +44,13 @@ def class_weights(
     num_classes: int,
     *,
     counts: bool = False,
+    power: float = 1.0,
 ) -> torch.Tensor:
     """Inverse-class-frequency weights, normalised to average 1 over the classes present.
 
-    ``w_c = (1 / n_c) / mean_{c' : n_c' > 0} (1 / n_c')``. A class absent from the training set
+    ``w_c = n_c^-p / mean_{c' : n_c' > 0} n_c'^-p`` with ``p = power``: 1 is the paper's inverse
+    frequency, 0.5 the square root (a rare class weighs less against a common one, so fewer
+    common-class buildings are called rare on imagery unlike the training data), 0 no weighting. A class absent from the training set
     (``n_c = 0``) gets weight 0: it never occurs as a target in training, and weight 0 keeps it
     out of the normalisation.
 
@@ -56,6 +59,7 @@ def class_weights(
             per-class counts [K]; a mapping ``{class_index: count}`` is always read as counts.
         num_classes: K.
         counts: read ``labels_or_counts`` as per-class counts instead of labels.
+        power: the exponent ``p`` (>= 0).
 
     Returns:
         [K] float32 weights.
@@ -79,11 +83,13 @@ def class_weights(
         n = class_counts(labels_or_counts, num_classes).astype(np.float64)
     if not np.all(np.isfinite(n)) or np.any(n < 0):
         raise ValueError(f"class counts must be finite and >= 0, got {n.tolist()}")
+    if not float(power) >= 0:
+        raise ValueError(f"class weight power must be >= 0, got {power}")
     present = n > 0
     if not present.any():
         raise ValueError("cannot compute class weights: no training samples (all counts are 0)")
     inv = np.zeros_like(n)
-    inv[present] = 1.0 / n[present]
+    inv[present] = n[present] ** -float(power)
     inv /= inv[present].mean()
     return torch.as_tensor(inv, dtype=torch.float32)
 

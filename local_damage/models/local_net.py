@@ -69,6 +69,10 @@ class ModelConfig:
             recent GPUs with mixed precision).
         gradient_checkpointing: Recompute encoder activations in backward instead of keeping
             them (less memory, about one more encoder forward of time).
+        pair_norm: Radiometric normalisation of each pair inside the network (and so inside the
+            exported graph): each channel of the post chip is shifted and scaled to the mean and
+            standard deviation of the pre chip's (:func:`match_radiometry`), so a new sensor's
+            or season's overall colour and contrast are not read as change. Not in the paper.
     """
 
     encoder: str = "resnet50"
@@ -86,6 +90,7 @@ class ModelConfig:
     normalize_r: bool = True
     channels_last: bool = False
     gradient_checkpointing: bool = False
+    pair_norm: bool = False
 
     def __post_init__(self) -> None:
         blocks = parse_blocks(self.latent_blocks)
@@ -138,6 +143,36 @@ class LocalOutput(NamedTuple):
     e_post: torch.Tensor
     latent_map: torch.Tensor | None = None
     z_raw: torch.Tensor | None = None
+
+
+#: Bounds of the gain :func:`match_radiometry` applies to a post channel, and the variance floor
+#: (normalised units; 1e-3 is about 1.8 grey levels of standard deviation) below which a channel
+#: counts as flat: a flat chip is shifted, not stretched.
+PAIR_GAIN = (1.0 / 3.0, 3.0)
+PAIR_VAR_FLOOR = 1e-3
+
+
+def match_radiometry(pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+    """``post`` with each channel's mean and standard deviation over the chip set to ``pre``'s.
+
+    ``post' = (post - mean_post) * g + mean_pre`` with ``g = sd_pre / sd_post`` clipped to
+    :data:`PAIR_GAIN` (variances floored at :data:`PAIR_VAR_FLOOR`). Per channel and affine, so
+    it commutes with the per-channel input normalisation: the same on 0-255 or normalised values.
+
+    Args:
+        pre: ``[B, C, H, W]`` float.
+        post: ``[B, C, H, W]`` float, the same shape.
+
+    Returns:
+        ``[B, C, H, W]``, the matched post images.
+    """
+    mean_pre = pre.mean(dim=(2, 3), keepdim=True)
+    mean_post = post.mean(dim=(2, 3), keepdim=True)
+    var_pre = (pre - mean_pre).pow(2).mean(dim=(2, 3), keepdim=True)
+    var_post = (post - mean_post).pow(2).mean(dim=(2, 3), keepdim=True)
+    gain = torch.sqrt(var_pre.clamp_min(PAIR_VAR_FLOOR) / var_post.clamp_min(PAIR_VAR_FLOOR))
+    gain = gain.clamp(PAIR_GAIN[0], PAIR_GAIN[1])
+    return (post - mean_post) * gain + mean_pre
 
 
 def _mlp(d_in: int, hidden: int, d_out: int, dropout: float = 0.0) -> nn.Sequential:
@@ -202,6 +237,8 @@ class LocalNet(nn.Module):
                 f"pre and post batches differ in shape: {tuple(pre.shape)} vs {tuple(post.shape)}"
             )
         b = pre.shape[0]
+        if self.cfg.pair_norm:
+            post = match_radiometry(pre, post)
         x = torch.cat([pre, post], dim=0)
         if self.cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

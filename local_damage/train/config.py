@@ -15,6 +15,8 @@ class DataConfig:
     Attributes:
         input_size: side of the model input in pixels (chips are resized to it).
         augment: paired geometric and per-image photometric augmentation for training.
+        augment_strength: "light" (the bundled model's) or "strong" (domain randomisation for
+            new sensors and events; :func:`local_damage.data.build_transforms`).
         balanced_sampling: draw each class equally often (with replacement) instead of uniformly;
             the cross-entropy weights are then equal (the sampling already balances the classes).
         num_workers: DataLoader worker processes (0 = load in the training process).
@@ -22,8 +24,15 @@ class DataConfig:
 
     input_size: int = 128
     augment: bool = True
+    augment_strength: str = "light"
     balanced_sampling: bool = False
     num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.augment_strength not in ("light", "strong"):
+            raise ValueError(
+                f"data.augment_strength must be light or strong, got {self.augment_strength!r}"
+            )
 
 
 @dataclass

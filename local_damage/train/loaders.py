@@ -51,17 +51,14 @@ def split_chip_ids(
 
 def training_set(cfg: Config, chips: str | Path, chip_ids: list[str]) -> ChipPairDataset:
     """The labelled chips of ``chip_ids``, augmented as ``cfg.data`` says: at least one batch."""
-    size = cfg.data.input_size
-    dataset = ChipPairDataset(chips, chip_ids, size, augment=cfg.data.augment, seed=cfg.train.seed)
+    size, data = cfg.data.input_size, cfg.data
+    options = dict(
+        augment=data.augment, seed=cfg.train.seed, augment_strength=data.augment_strength
+    )
+    dataset = ChipPairDataset(chips, chip_ids, size, **options)
     keep = np.flatnonzero(dataset.labels >= 0)
     if len(keep) < len(dataset):
-        dataset = ChipPairDataset(
-            chips,
-            list(dataset.chip_ids[keep]),
-            size,
-            augment=cfg.data.augment,
-            seed=cfg.train.seed,
-        )
+        dataset = ChipPairDataset(chips, list(dataset.chip_ids[keep]), size, **options)
     if len(dataset) < cfg.train.batch_size:
         raise TrainingError(
             f"{chips}: only {len(dataset)} labelled training chips, fewer than one batch of {cfg.train.batch_size}"

@@ -120,7 +120,7 @@ def build_learner(
         # Every present class is drawn equally often, so the batches already carry the
         # reciprocal-frequency weighting; weighting the loss as well would correct twice.
         counts = (counts > 0).astype(np.int64)
-    weights = class_weights(counts, num_classes, counts=True)
+    weights = class_weights(counts, num_classes, counts=True, power=cfg.loss.weight_power)
     weights = torch.as_tensor(weights, dtype=torch.float32)
     objective = cfg.loss.build(weights).to(device)
     optimizer, scheduler = build_optimizer(cfg, model)
