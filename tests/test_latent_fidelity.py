@@ -38,7 +38,8 @@ def negative_inner(l_emb: torch.Tensor) -> torch.Tensor:
 
 
 def test_absolute_latent_makes_ocl_exactly_scl():
-    """The reading of the bundled default model: OCL on l is SCL on l."""
+    """The reading of configs/default.yaml (the recipe of the model bundled before
+    configs/cpu-local.yaml): OCL on l is SCL on l."""
     l_emb = latent(latent_abs=True)
     assert bool((l_emb >= 0).all())
     assert bool((negative_inner(l_emb) >= 0).all())
@@ -112,8 +113,8 @@ def test_an_ocl_step_brings_a_negative_towards_perpendicular_from_either_side(st
 
 
 def test_fidelity_notes_name_what_departs_from_the_paper():
-    shipped = load_yaml(Config, REPO / "configs" / "default.yaml")
-    notes = fidelity_notes(shipped)
+    previous = load_yaml(Config, REPO / "configs" / "default.yaml")
+    notes = fidelity_notes(previous)
     assert any("OCL on l is exactly SCL on l" in n for n in notes)
     assert any("normalize_z=false" in n for n in notes)
     faithful = load_yaml(Config, REPO / "configs" / "cpu-local.yaml")
@@ -141,9 +142,10 @@ def _latent_grads(net, loss_fn, pre, post) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in net.encoder.parameters() if p.grad is not None])
 
 
-def test_the_shipped_recipe_trains_its_latent_term_as_scl_the_paper_recipe_does_not():
-    """Encoder gradients of the latent term: OCL's equal SCL's under configs/default.yaml
-    (latent_abs), and differ under configs/cpu-local.yaml (the paper's signed map)."""
+def test_the_previous_recipe_trains_its_latent_term_as_scl_the_bundled_one_does_not():
+    """Encoder gradients of the latent term: OCL's equal SCL's under configs/default.yaml (the
+    previous recipe: latent_abs), and differ under configs/cpu-local.yaml (the bundled model's
+    recipe: the paper's signed map)."""
     g = torch.Generator().manual_seed(5)
     pre, post = torch.randn(8, 3, 64, 64, generator=g), torch.randn(8, 3, 64, 64, generator=g)
     for stem, same in (("default", True), ("cpu-local", False)):

@@ -12,6 +12,7 @@ import torch
 
 from cli.main import main
 from local_damage.models import ModelConfig, build_model
+from local_damage.models.encoders import build_encoder
 from local_damage.pretrain import BalancedContrastiveLoss, NTXentLoss
 from local_damage.pretrain.crops import CropPool, PretrainError, augment, find_sources
 
@@ -108,10 +109,17 @@ def test_pretrain_writes_weights_that_train_takes(synthetic_xbd, tmp_path, loss)
     assert set(saved) == set(own)
     for key, value in saved.items():
         torch.testing.assert_close(own[key], value)
-    torch.manual_seed(123)
-    fresh = build_model(ModelConfig(encoder="resnet18")).encoder.state_dict()
+    # the weights pretraining started from: its seed (0) before the encoder is built
+    torch.manual_seed(0)
+    start = build_encoder("resnet18").state_dict()
     key = "conv1.weight"
-    assert not torch.allclose(fresh[key], saved[key])  # pretraining moved the weights
+    assert not torch.allclose(start[key], saved[key])  # pretraining moved the weights
+    # and the same run with a learning rate of 0 leaves them where they started: the
+    # comparison above is against the true starting point, so it fails if nothing was learnt
+    still = tmp_path / "still"
+    argv[argv.index(str(out))] = str(still)
+    assert main([*argv, "--lr", "0"]) == 0
+    torch.testing.assert_close(load_file(str(still / "encoder.safetensors"))[key], start[key])
 
 
 def test_pretrain_needs_a_source(tmp_path, capsys):

@@ -49,7 +49,8 @@ class ModelConfig:
         latent_abs: Average the absolute correlation ``|W_i [f_pre, f_post]|`` over channels
             instead of the signed one the paper describes. Every entry of ``l`` is then ``>= 0``,
             so OCL on ``l`` is exactly SCL on ``l`` unless ``latent_centre`` is set (the
-            recipe of the bundled default model does this; see docs/method.md).
+            previous default recipe, configs/default.yaml, does this; the bundled model's,
+            configs/cpu-local.yaml, does not; see docs/method.md).
         latent_centre: Centre ``l`` over its ``S x S`` positions before L2-normalising it, so
             its inner products take both signs and OCL pushes negatives to perpendicular from
             both sides (a reading of the paper's "flattened and normalized" as standardised;
