@@ -23,8 +23,9 @@ BASE_SPLIT = "fewshot-split.json"
 #: Written in an event's folder: its measurements and the settings they were made with.
 EVENT_JSON = "measurements.json"
 #: Changes whenever what the arms measure changes, so that older measurements are not reused.
-MEASURE_VERSION = 5  # 2: suggested labels in rounds; 4: random first round, then mixed;
-# 5: the never-worse choice of heads, fine-tuning as adapt --finetune, and the semi arm
+MEASURE_VERSION = 6  # 2: suggested labels in rounds; 4: random first round, then mixed;
+# 5: the never-worse choice of heads, fine-tuning as adapt --finetune, and the semi arm;
+# 6: the rule also refuses a candidate whose accuracy or intact recall falls
 DEFAULT_K = (0, 5, 10, 20, 50, 100)
 DEFAULT_CONFIG = "configs/default.yaml"
 

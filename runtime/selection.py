@@ -19,7 +19,8 @@ RULE = (
     "the base model unless a candidate's cross-validated negative log-likelihood (nats) of the "
     f"given labels is lower by more than {NEAR_TIE_NATS} and by more than {NEAR_TIE_SE:g} "
     "standard errors of the paired per-label difference, with a cross-validated macro-F1 above "
-    "the base model's; among those, the lowest NLL (ties to the simpler candidate)"
+    "the base model's and a cross-validated accuracy and recall of intact (no-damage) buildings "
+    "no lower than the base model's; among those, the lowest NLL (ties to the simpler candidate)"
 )
 
 
@@ -32,9 +33,28 @@ def gain(base_losses: np.ndarray, losses: np.ndarray) -> tuple[float, float]:
 
 
 def clearly_better(
-    base_losses: np.ndarray, losses: np.ndarray, base_macro_f1: float, macro_f1: float
+    base_losses: np.ndarray,
+    losses: np.ndarray,
+    base_macro_f1: float,
+    macro_f1: float,
+    *,
+    base_accuracy: float | None = None,
+    accuracy: float | None = None,
+    base_intact: float | None = None,
+    intact: float | None = None,
 ) -> tuple[bool, float, float]:
-    """``(clear, gain, gain_se)``: whether a candidate beats the base model clearly (:data:`RULE`)."""
+    """``(clear, gain, gain_se)``: whether a candidate beats the base model clearly (:data:`RULE`).
+
+    A lower NLL and a higher macro-F1 are not enough when the candidate's cross-validated
+    accuracy, or its recall of intact buildings (``intact``: the share of the no-damage labels it
+    grades no-damage; None when no label is no-damage), falls below the base model's: on a new
+    event a head can win on NLL and macro-F1 by calling many intact buildings damaged, which is
+    what makes a damage map useless.
+    """
     g, se = gain(base_losses, losses)
     ok = g > NEAR_TIE_NATS and g > NEAR_TIE_SE * se and macro_f1 > base_macro_f1
+    if base_accuracy is not None and accuracy is not None:
+        ok = ok and accuracy >= base_accuracy
+    if base_intact is not None and intact is not None:
+        ok = ok and intact >= base_intact
     return bool(ok), g, se

@@ -147,3 +147,25 @@ def test_a_few_labels_of_one_grade_do_not_let_a_logistic_head_call_everything_th
     block = {"method": ad.head.method, "labels": {"n": 5}, "cv": ad.cv}
     assert "logistic+prior  not tried: 5 labels, fewer than" in format_adaptation(block)
     assert _macro_f1(ye, ad.head.log_probabilities(re, ze).argmax(1)) >= base_f1 - 0.01
+
+
+def test_the_rule_refuses_a_candidate_whose_accuracy_or_intact_recall_falls():
+    """A head with a clearly lower NLL and a higher macro-F1 is still refused when its
+    cross-validated accuracy or its recall of intact buildings is below the base model's (on a
+    new event such a head calls many intact buildings damaged)."""
+    from app.adapt.fit import choose
+
+    rng = np.random.default_rng(0)
+    base_losses = rng.uniform(0.8, 1.2, 200)
+    losses = {"base": base_losses, "logistic": base_losses - 0.2}
+    base = {"nll": 1.0, "accuracy": 0.60, "macro_f1": 0.30, "intact_recall": 0.90}
+
+    def kept(**candidate):
+        cands = {"base": dict(base), "logistic": {"nll": 0.8, "macro_f1": 0.35, **candidate}}
+        return choose(cands, losses, ["base", "logistic"]), cands["logistic"]["clear"]
+
+    assert kept(accuracy=0.62, intact_recall=0.90) == ("logistic", True)
+    assert kept(accuracy=0.50, intact_recall=0.95) == ("base", False)
+    assert kept(accuracy=0.62, intact_recall=0.70) == ("base", False)
+    # no intact label among the given ones: accuracy and the rest decide
+    assert kept(accuracy=0.62, intact_recall=None) == ("logistic", True)

@@ -256,16 +256,22 @@ def _splits(labels: np.ndarray, seed: int):
         return f"stratified {CV_FOLDS}-fold (seed {seed})", list(folds.split(labels, labels))
 
 
+#: Class id of no-damage in the models of this project (data_prep.spec.CLASS_NAMES).
+INTACT = 0
+
+
 def _metrics(log_p: np.ndarray, y: np.ndarray) -> dict[str, float]:
     from sklearn.metrics import f1_score
 
     pred = log_p.argmax(axis=1)
     nll = float(-np.clip(log_p[np.arange(len(y)), y], -50.0, 0.0).mean())
     present = sorted({int(v) for v in y})
+    intact = y == INTACT
     return {
         "nll": round(nll, 6),
         "accuracy": round(float(np.mean(pred == y)), 6),
         "macro_f1": round(float(f1_score(y, pred, labels=present, average="macro")), 6),
+        "intact_recall": round(float(np.mean(pred[intact] == INTACT)), 6) if intact.any() else None,
     }
 
 
@@ -442,11 +448,16 @@ def choose(
     """
     clear = []
     for name in names:
+        base, this = candidates["base"], candidates[name]
         ok, gain, se = clearly_better(
             losses["base"],
             losses[name],
-            candidates["base"]["macro_f1"],
-            candidates[name]["macro_f1"],
+            base["macro_f1"],
+            this["macro_f1"],
+            base_accuracy=base["accuracy"],
+            accuracy=this["accuracy"],
+            base_intact=base.get("intact_recall"),
+            intact=this.get("intact_recall"),
         )
         ok = ok and name != "base"
         candidates[name].update(gain=round(gain, 6), gain_se=round(se, 6), clear=ok)  # type: ignore[union-attr]

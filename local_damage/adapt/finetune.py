@@ -273,11 +273,23 @@ def finetune(
                 "nll": round(float(nll[e].mean()), 6),
                 "accuracy": round(float(right[e].mean()), 6),
                 "macro_f1": round(float(f1[e, : len(folds)].mean()), 6),
+                "intact_recall": (
+                    round(float(right[e][y == 0].mean()), 6) if (y == 0).any() else None
+                ),
             }
             for e in range(n_ep + 1)
         ]
         best = min(range(n_ep + 1), key=lambda e: (curve[e]["nll"], e))
-        ok, g, se = clearly_better(nll[0], nll[best], curve[0]["macro_f1"], curve[best]["macro_f1"])
+        ok, g, se = clearly_better(
+            nll[0],
+            nll[best],
+            curve[0]["macro_f1"],
+            curve[best]["macro_f1"],
+            base_accuracy=curve[0]["accuracy"],
+            accuracy=curve[best]["accuracy"],
+            base_intact=curve[0]["intact_recall"],
+            intact=curve[best]["intact_recall"],
+        )
         epochs = best if ok and best > 0 else 0
         semi: dict[str, Any] = {}
         if epochs:
