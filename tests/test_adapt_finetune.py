@@ -177,3 +177,23 @@ def test_the_app_fine_tunes_through_the_function_the_command_gives_it():
     from cli.score import finetuner
 
     assert finetuner() is finetune_model
+
+
+def test_finetune_tells_the_analyst_what_happened(base, chips, tmp_path, capsys):
+    """`adapt --finetune` prints the heads' summary (candidates, what was kept), the held-out
+    curve over epochs with the reason, and the same block as JSON with --json."""
+    import json
+
+    out = tmp_path / "told.onnx"
+    argv = ["adapt", "--model", base, "--chips", chips, "--finetune", "--out", out, "--json"]
+    assert run_cli(*argv) == 0
+    captured = capsys.readouterr()
+    block = json.loads(captured.out)
+    assert block["method"] in ("finetune", "base") and "curve" in block["cv"]
+    err = captured.err
+    assert "cross-validation (" in err and "<- chosen" in err
+    assert "held-out curve over epochs" in err and "epoch  0" in err
+    assert "kept:" in err and f"wrote {out}" in err
+    assert len([ln for ln in err.splitlines() if ln.strip().startswith("epoch ")]) == len(
+        block["cv"]["curve"]
+    )
