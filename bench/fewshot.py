@@ -137,6 +137,14 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
         "evaluated (default 0.5; at least max k)",
     )
     p.add_argument(
+        "--draw",
+        choices=("random", "area"),
+        default="random",
+        help="pool and graded buildings split at random (default) or by area: whole spatial "
+        "blocks of tiles (`split --by block`), so the labels come from some neighbourhoods and "
+        "the others are graded",
+    )
+    p.add_argument(
         "--min-eval",
         type=int,
         default=20,
@@ -169,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         pool_share=args.pool_share,
         min_eval=args.min_eval,
         unlabelled=args.unlabelled,
+        draw=args.draw,
     )
     events = [e.strip() for e in args.events.split(",") if e.strip()] if args.events else None
     results = run_fewshot(

@@ -16,8 +16,10 @@ from app.adapt.fit import METHODS, AdaptError, adapt_head
 from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from app.adapt.suggest import suggestion_order
-from bench.fewshot_settings import Settings, pool_size
+from bench.fewshot_settings import FewShotError, Settings, pool_size
 from bench.finetune_arm import finetune_labels, finetuned_classes
+from data_prep.split import spatial_blocks
+from data_prep.store import read_manifest
 from local_damage.adapt.finetune import FinetuneOptions
 from local_damage.adapt.network import FinetuneError
 from local_damage.export.weights import export_weights
@@ -45,6 +47,42 @@ def tuned(weights: Path, b, given, ev, unlabelled, max_epochs: int, seed: int):
     return finetuned_classes(r, b, ev), "finetuned", f"{r.epochs} epoch(s) ({r.seconds:.0f} s)"
 
 
+def area_blocks(chips, ids) -> np.ndarray:
+    """The spatial block (:func:`data_prep.split.spatial_blocks`) of each building of ``ids``."""
+    manifest = read_manifest(chips)
+    block = spatial_blocks(manifest)
+    tile = dict(zip(manifest["chip_id"], manifest["tile"], strict=True))
+    return np.asarray([block[tile[i]] for i in ids])
+
+
+def area_split(
+    blocks: np.ndarray, perm: np.ndarray, n_pool: int, rng
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(pool, graded)`` by area: whole blocks in a random order go to the pool until it holds
+    at least ``n_pool`` buildings (within a block in the order of ``perm``); the other blocks are
+    graded. No block is on both sides.
+
+    Raises:
+        FewShotError: the event's first blocks leave no other block to grade.
+    """
+    names = np.unique(blocks)
+    order = rng.permutation(len(names))
+    pool: list[int] = []
+    taken = set()
+    for j in order:
+        if len(pool) >= n_pool:
+            break
+        pool += [i for i in perm if blocks[i] == names[j]]
+        taken.add(names[j])
+    graded = np.flatnonzero(~np.isin(blocks, list(taken)))
+    if not len(graded):
+        raise FewShotError(
+            f"{len(names)} spatial block(s): the pool of {n_pool} buildings takes them all; "
+            "lower --pool-share or use --draw random"
+        )
+    return np.asarray(pool, dtype=np.int64), graded
+
+
 def measure_event(
     event: str, chips, cfg, base_run: Path, base_onnx: Path, settings: Settings, bar=None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -70,16 +108,20 @@ def measure_event(
         export_weights(base_run, weights)
     rows: list[dict[str, Any]] = []
     splits: list[dict[str, Any]] = []
+    blocks = area_blocks(chips, b.ids) if settings.draw == "area" else None
     for r in range(settings.repeats):
         rng = np.random.default_rng([settings.seed, r, zlib.crc32(event.encode())])
         perm = rng.permutation(len(b))
-        pool, ev = perm[:n_pool], np.sort(perm[n_pool:])
+        if blocks is None:
+            pool, ev = perm[:n_pool], np.sort(perm[n_pool:])
+        else:
+            pool, ev = area_split(blocks, perm, n_pool, rng)
         # the suggested labels come in rounds, as an analyst gets them: the first round ranked
         # with the base model, each later one with the head adapted to the labels so far
         suggested: list[int] = []
         head = None
         splits.append({"repeat": r, "pool": ids[pool].tolist(), "eval": ids[ev].tolist()})
-        common = {"event": event, "repeat": r, "pool": int(n_pool), "n_eval": int(len(ev))}
+        common = {"event": event, "repeat": r, "pool": int(len(pool)), "n_eval": int(len(ev))}
         base = _scores(y[ev], base_pred[ev], names)
         for k in sorted(settings.k):
             if len(suggested) < k:

@@ -23,10 +23,14 @@ BASE_SPLIT = "fewshot-split.json"
 #: Written in an event's folder: its measurements and the settings they were made with.
 EVENT_JSON = "measurements.json"
 #: Changes whenever what the arms measure changes, so that older measurements are not reused.
-MEASURE_VERSION = 6  # 2: suggested labels in rounds; 4: random first round, then mixed;
+MEASURE_VERSION = 7  # 2: suggested labels in rounds; 4: random first round, then mixed;
 # 5: the never-worse choice of heads, fine-tuning as adapt --finetune, and the semi arm;
-# 6: the rule also refuses a candidate whose accuracy or intact recall falls
+# 6: the rule also refuses a candidate whose accuracy or intact recall falls; 7: --draw
 DEFAULT_K = (0, 5, 10, 20, 50, 100)
+#: How the held-out event's buildings are split into the labels' pool and the graded rest:
+#: at random, or by area (whole spatial blocks of tiles: an analyst labels the first
+#: neighbourhoods and the tool grades the others).
+DRAWS = ("random", "area")
 DEFAULT_CONFIG = "configs/default.yaml"
 
 
@@ -47,6 +51,7 @@ class Settings:
     pool_share: float = 0.5
     min_eval: int = 20
     unlabelled: str = "discount"
+    draw: str = "random"
 
     def check(self) -> None:
         if not self.k or any(k < 0 for k in self.k):
@@ -59,6 +64,8 @@ class Settings:
             raise FewShotError(f"--val-share must lie in [0, 1), got {self.val_share}")
         if not 0 < self.pool_share < 1:
             raise FewShotError(f"--pool-share must lie in (0, 1), got {self.pool_share}")
+        if self.draw not in DRAWS:
+            raise FewShotError(f"--draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
         if self.min_eval < 1:
             raise FewShotError(f"--min-eval must be at least 1, got {self.min_eval}")
         try:

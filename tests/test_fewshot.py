@@ -350,3 +350,19 @@ def test_a_base_folder_of_another_config_is_refused(copy, chips, capsys):
     assert run_cli(*report_args(chips, copy), "--set", "train.epochs=2") == 2
     err = capsys.readouterr().err
     assert str(copy / EVENTS[0] / "base") in err and "another config" in err
+
+
+def test_area_draws_keep_every_block_on_one_side():
+    """`--draw area`: the pool is whole spatial blocks (at least n_pool buildings), the graded
+    buildings the other blocks; an event of one block cannot be split."""
+    from bench.fewshot_measure import area_split
+    from bench.fewshot_settings import FewShotError
+
+    blocks = np.repeat(np.array(["a", "b", "c", "d", "e"]), [10, 30, 5, 20, 15])
+    rng = np.random.default_rng(3)
+    pool, graded = area_split(blocks, rng.permutation(len(blocks)), 25, rng)
+    assert len(pool) >= 25 and len(graded) > 0
+    assert not set(blocks[pool]) & set(blocks[graded])
+    assert sorted(np.concatenate([pool, graded]).tolist()) == list(range(len(blocks)))
+    with pytest.raises(FewShotError, match="takes them all"):
+        area_split(np.array(["a"] * 40), np.arange(40), 20, rng)
