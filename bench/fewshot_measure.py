@@ -72,7 +72,7 @@ def area_split(
     for j in order:
         if len(pool) >= n_pool:
             break
-        pool += [i for i in perm if blocks[i] == names[j]]
+        pool += perm[blocks[perm] == names[j]].tolist()
         taken.add(names[j])
     graded = np.flatnonzero(~np.isin(blocks, list(taken)))
     if not len(graded):

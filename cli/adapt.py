@@ -44,6 +44,7 @@ from local_damage.adapt.finetune import (
 from local_damage.adapt.network import FinetuneError, require_torch
 from runtime.predictor import Predictor
 from runtime.registry import default_model
+from runtime.selection import RULE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -316,9 +317,8 @@ def format_finetune(block) -> str:
         )
     elif best:
         lines.append(
-            f"kept: the base network; epoch {best} had the lowest held-out NLL but did not beat the "
-            "base clearly (the rule: lower NLL by more than 0.01 nats and 2 standard errors, a "
-            "higher macro-F1, no lower accuracy or intact recall)"
+            f"kept: the base network; epoch {best} had the lowest held-out NLL but did not beat "
+            f"it clearly; the rule: {RULE}"
         )
     else:
         lines.append("kept: the base network; no epoch lowered the held-out NLL")

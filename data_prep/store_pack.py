@@ -2,7 +2,7 @@
 
 A training machine that can receive only a small upload (a lent GPU, say) gets the store as one
 ``.pack`` file, several times smaller than its shards (a 64 px store of 7,230 buildings: 177 MB of
-shards, 35 MB packed at quality 95), and rebuilds an ordinary store from it. JPEG is lossy: a chip
+shards, 38 MB packed at quality 95), and rebuilds an ordinary store from it. JPEG is lossy: a chip
 comes back within a few grey levels of the original (a mean absolute difference of about 1.6 at
 quality 95), so figures of a model trained on an unpacked store are those of slightly re-encoded
 imagery; say so where they are reported.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.split import SPLITS
 from data_prep.store import (
     MANIFEST,
     SHARDS,
@@ -35,7 +36,7 @@ from data_prep.store import (
 
 MAGIC = b"LDPACK1\n"
 #: Text files of a store carried in the header (when present).
-TEXT_FILES = (MANIFEST, STORE_META, "splits.csv")
+TEXT_FILES = (MANIFEST, STORE_META, SPLITS)
 
 
 def pack_store(chips: str | Path, out: str | Path, quality: int = 95) -> dict:
@@ -93,9 +94,12 @@ def unpack_store(pack: str | Path, chips: str | Path) -> Path:
     data = Path(pack).read_bytes()
     if not data.startswith(MAGIC):
         raise StoreError(f"{pack}: not a chip store pack (written by `data_prep.store_pack pack`)")
-    (n,) = struct.unpack("<Q", data[len(MAGIC) : len(MAGIC) + 8])
     start = len(MAGIC) + 8
-    header = json.loads(data[start : start + n])
+    try:
+        (n,) = struct.unpack("<Q", data[len(MAGIC) : start])
+        header = json.loads(data[start : start + n])
+    except (struct.error, ValueError) as exc:
+        raise StoreError(f"{pack}: the pack's header is cut short or damaged ({exc})") from exc
     offset = start + n
     root = start_store(chips)
     for shard in header["shards"]:
@@ -104,7 +108,10 @@ def unpack_store(pack: str | Path, chips: str | Path) -> Path:
             if offset + length > len(data):
                 raise StoreError(f"{pack}: cut short in {shard['name']}")
             buf = np.frombuffer(data, np.uint8, count=length, offset=offset)
-            array[i] = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+            chip = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+            if chip is None or chip.shape != array.shape[1:]:
+                raise StoreError(f"{pack}: chip {i} of {shard['name']} does not decode")
+            array[i] = chip
             offset += length
         with atomic_file(root / SHARDS / shard["name"], suffix=".npy") as f:
             np.save(f, array)

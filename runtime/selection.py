@@ -8,6 +8,12 @@ import math
 
 import numpy as np
 
+from data_prep.spec import CLASS_NAMES
+from runtime.grading import NO_DAMAGE
+
+#: Class id of no-damage, whose recall the rule guards (intact buildings called damaged).
+INTACT = CLASS_NAMES.index(NO_DAMAGE)
+
 #: A candidate replaces the base model only when its cross-validated NLL is lower than the base
 #: model's by more than this many nats per label...
 NEAR_TIE_NATS = 0.01

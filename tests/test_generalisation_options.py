@@ -106,3 +106,16 @@ def test_a_packed_store_unpacks_to_the_same_store_within_jpeg_loss(store, tmp_pa
     (tmp_path / "bad.pack").write_bytes(b"not a pack")
     with pytest.raises(Exception, match="not a chip store pack"):
         unpack_store(tmp_path / "bad.pack", tmp_path / "x")
+
+
+def test_a_damaged_pack_is_refused_by_name(store, tmp_path):
+    pack = tmp_path / "s.pack"
+    pack_store(store, pack)
+    data = pack.read_bytes()
+    (tmp_path / "short.pack").write_bytes(data[:20])
+    with pytest.raises(Exception, match="header is cut short or damaged"):
+        unpack_store(tmp_path / "short.pack", tmp_path / "a")
+    (tmp_path / "cut.pack").write_bytes(data[:-100])
+    with pytest.raises(Exception, match="cut short in"):
+        unpack_store(tmp_path / "cut.pack", tmp_path / "b")
+    assert not (tmp_path / "b" / "manifest.csv").exists()  # no store that looks complete

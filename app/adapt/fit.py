@@ -51,7 +51,7 @@ import numpy as np
 
 from data_prep.errors import LocalDamageError
 from runtime.head import Head, log_softmax, unit
-from runtime.selection import RULE, clearly_better
+from runtime.selection import INTACT, RULE, clearly_better
 
 #: The heads tried, simplest first (ties go to the earlier one).
 METHODS = ("base", "prototype", "logistic", "logistic+prior")
@@ -254,10 +254,6 @@ def _splits(labels: np.ndarray, seed: int):
         warnings.simplefilter("ignore")
         folds = StratifiedKFold(CV_FOLDS, shuffle=True, random_state=seed)
         return f"stratified {CV_FOLDS}-fold (seed {seed})", list(folds.split(labels, labels))
-
-
-#: Class id of no-damage in the models of this project (data_prep.spec.CLASS_NAMES).
-INTACT = 0
 
 
 def _metrics(log_p: np.ndarray, y: np.ndarray) -> dict[str, float]:

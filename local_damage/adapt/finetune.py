@@ -42,7 +42,7 @@ from local_damage.adapt.network import (
     trunk_features,
 )
 from local_damage.adapt.semi import Unlabelled
-from runtime.selection import clearly_better
+from runtime.selection import INTACT, clearly_better
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ def finetune(
                 "accuracy": round(float(right[e].mean()), 6),
                 "macro_f1": round(float(f1[e, : len(folds)].mean()), 6),
                 "intact_recall": (
-                    round(float(right[e][y == 0].mean()), 6) if (y == 0).any() else None
+                    round(float(right[e][y == INTACT].mean()), 6) if (y == INTACT).any() else None
                 ),
             }
             for e in range(n_ep + 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from local_damage.data import STRENGTHS
 from local_damage.losses.objective import LossConfig
 from local_damage.models.local_net import ModelConfig
 
@@ -29,9 +30,10 @@ class DataConfig:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
-        if self.augment_strength not in ("light", "strong"):
+        if self.augment_strength not in STRENGTHS:
             raise ValueError(
-                f"data.augment_strength must be light or strong, got {self.augment_strength!r}"
+                f"data.augment_strength must be one of {', '.join(STRENGTHS)}, got "
+                f"{self.augment_strength!r}"
             )
 
 
