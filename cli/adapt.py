@@ -8,16 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from app.adapt.corrections import from_corrections, from_session, from_store, session_folder
 from app.adapt.fit import METHODS, UNLABELLED_RULES
-from app.adapt.labelled import (
-    LabelError,
-    concat,
-    from_chip_store,
-    from_corrections,
-    from_scene,
-    from_session,
-    from_xbd,
-)
+from app.adapt.labelled import LabelError, concat, from_chip_store, from_scene, from_xbd
 from app.adapt.model import (
     AdaptResult,
     adapt_model,
@@ -28,6 +21,7 @@ from app.adapt.model import (
     write_adapted,
 )
 from app.adapt.suggest import COLUMNS, suggest, write_suggestions
+from app.web.sessions import import_corrections
 from cli.options import (
     add_chips_args,
     add_model_args,
@@ -103,9 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         metavar="PATH",
         default=[],
-        help="corrections saved by the app: an assessment folder (session.json + "
-        "corrections.json), its corrections.json or a file under its corrections/ folder; "
-        "several accumulate; with --suggest, the tile's uncorrected buildings are ranked",
+        help="corrections saved by the app: its label store (WORK/labels.gpkg: every corrected "
+        "building of --event, or of all events, with its latest grade), or an assessment folder "
+        "(session.json) or a file under it; several accumulate; with --suggest and an "
+        "assessment folder, the tile's uncorrected buildings are ranked",
     )
     add_output_args(p, required=False, metavar="NAME.onnx", help="adapted model to write")
     p.add_argument(
@@ -201,6 +196,14 @@ def read_inputs(args: argparse.Namespace, predictor):
     left_out = []
     for path in args.corrections:
         try:
+            if Path(path).suffix.lower() == ".gpkg":
+                if args.suggest is not None:
+                    raise LabelError(f"{path}: --suggest ranks one assessed tile: give its folder")
+                found, _, problems = from_store(path, spec, names, event, args.align)
+                left_out += problems
+                parts.append(found)
+                continue
+            import_corrections(session_folder(path))  # an old folder's corrections.json
             parts.append(read(path, spec, names, event, args.align))
         except LabelError as exc:
             if len(args.corrections) == 1:

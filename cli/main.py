@@ -32,6 +32,7 @@ from cli import cv as cv_cli
 from cli import evaluate as evaluate_cli
 from cli import export as export_cli
 from cli import geometry as geometry_cli
+from cli import labels as labels_cli
 from cli import localize as localize_cli
 from cli import prepare as prepare_cli
 from cli import pretrain as pretrain_cli
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_cli.add_parser(sub)
     pretrain_cli.add_parser(sub)
     localize_cli.add_parser(sub)
+    labels_cli.add_parser(sub)
 
     bench = sub.add_parser(
         "bench",

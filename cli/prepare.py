@@ -10,7 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 
+from app.web.campaign import export_store
+from app.web.sessions import AppError
 from bench.prepare import bench_prepare
 from cli.options import (
     add_engine_arguments,
@@ -50,20 +54,41 @@ def _prepare(args: argparse.Namespace, run) -> int:
     return _finish(run(max_pixels), args)
 
 
+def _store_roots(roots: list[str], folder: Path) -> list[str]:
+    """The xBD roots, each label store (``.gpkg``) exported as xBD tiles under ``folder``."""
+    out = []
+    for i, root in enumerate(roots):
+        if Path(root).suffix.lower() != ".gpkg":
+            out.append(root)
+            continue
+        done = export_store(root, folder / str(i), vector_name="corrections.gpkg")
+        for line in done.left_out:
+            print(f"warning: left out: {line}", file=sys.stderr)
+        if done.xbd is None:
+            raise AppError(f"{root}: no corrected xBD tile to cut (georeferenced scenes: export "
+                           "it with `labels export` and use `prepare scene --label-field damage`)")  # fmt: skip
+        print(f"{root}: {done.xbd_tiles} corrected xBD tile(s)", file=sys.stderr)
+        out.append(str(done.xbd))
+    return out
+
+
 def _run_prepare_xbd(args: argparse.Namespace) -> int:
-    return _prepare(
-        args,
-        lambda max_pixels: prepare_xbd(
-            args.xbd,
-            args.out,
-            spec=_spec(args),
-            workers=args.workers,
-            include_unclassified=args.include_unclassified,
-            max_pixels=max_pixels,
-            scheduler=args.scheduler,
-            resume=args.resume,
-            progress=False if args.quiet else None,
-        ),
+    with tempfile.TemporaryDirectory(prefix="local-damage-labels-") as tmp:
+        roots = _store_roots(args.xbd, Path(tmp))
+        return _prepare(args, lambda max_pixels: _cut_xbd(args, roots, max_pixels))
+
+
+def _cut_xbd(args: argparse.Namespace, roots: list[str], max_pixels: int) -> PrepareReport:
+    return prepare_xbd(
+        roots,
+        args.out,
+        spec=_spec(args),
+        workers=args.workers,
+        include_unclassified=args.include_unclassified,
+        max_pixels=max_pixels,
+        scheduler=args.scheduler,
+        resume=args.resume,
+        progress=False if args.quiet else None,
     )
 
 
@@ -129,7 +154,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="from xBD tiles with label JSON",
         description="Cut chips from xBD as distributed: ROOT/images/*_{pre,post}_disaster.{png,tif} with ROOT/labels/*.json, or the split layout ROOT/{train,tier3,test,hold}/...",
     )
-    add_xbd_args(xbd, repeatable=True, help="xBD root folder")
+    add_xbd_args(
+        xbd,
+        repeatable=True,
+        help="xBD root folder, or the app's label store (WORK/labels.gpkg: its corrected xBD "
+        "tiles, the latest grade of each building)",
+    )
     xbd.add_argument("--out", required=True, metavar="CHIPS", help="output chip store folder")
     add_spec_args(xbd)
     add_engine_arguments(xbd, "tile")

@@ -17,6 +17,7 @@ from app.scoring.scene import score_scene
 from app.scoring.webmap import check_map_path
 from app.scoring.xbd import score_xbd
 from app.web.app import launch
+from app.web.users import Users
 from cli.adapt import finetune_model
 from cli.options import (
     LOCALIZER_CHOICE,
@@ -281,7 +282,13 @@ def _run_app(args: argparse.Namespace) -> int:
         args.model = str(default_model(models_dir))
     _load_model(args.model)  # an unusable model is refused before the app starts
     auth = None
-    if args.username or args.password_env:
+    if args.users and (args.username or args.password_env):
+        print("error: give --users FILE or --username/--password-env, not both", file=sys.stderr)
+        return 2
+    if args.users:
+        auth = Users(args.users)  # a bad users file is refused before the app starts
+        print(f"analysts: {', '.join(auth.names)} (from {args.users})", file=sys.stderr)
+    elif args.username or args.password_env:
         password = os.environ.get(args.password_env or "", "")
         if not args.username or not password:
             print(
@@ -464,7 +471,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also serve the app on a temporary public https link through Gradio's share server "
         "(needs internet; anyone with the link can use it: add --username/--password-env)",
     )
-    web.add_argument("--username", help="require this username (with --password-env)")
+    web.add_argument(
+        "--users",
+        metavar="FILE",
+        help="users file of the campaign's analysts (name and password hash per line, written "
+        "by `local-damage users add FILE NAME`): each logs in by name and each correction "
+        "records who made it; read again when it changes",
+    )
+    web.add_argument(
+        "--username", help="require this one login (with --password-env); see also --users"
+    )
     web.add_argument(
         "--password-env",
         metavar="VAR",

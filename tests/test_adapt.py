@@ -395,7 +395,8 @@ def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
 
 
 def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path, capsys):
-    from app.adapt.labelled import concat, from_corrections, from_xbd
+    from app.adapt.corrections import from_corrections
+    from app.adapt.labelled import concat, from_xbd
     from app.adapt.model import adapt_model
     from app.web.app import assess_tile, save_correction
     from runtime.predictor import Predictor
@@ -426,7 +427,7 @@ def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_p
     assert [i.split(":", 1)[1] for i in fixed.ids] == [result.rows[r]["uid"] for r in scored]
 
     # the whole tile for --suggest: the corrected buildings labelled, the others the pool
-    from app.adapt.labelled import from_session
+    from app.adapt.corrections import from_session
     from app.adapt.suggest import suggest
 
     tile_all = from_session(result.session, predictor.spec, predictor.class_names)
@@ -442,7 +443,7 @@ def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_p
     args = ["adapt", "--model", base, "--corrections", result.session, empty]
     assert run_cli(*args, "--out", tmp_path / "fixed.onnx") == 0
     err = capsys.readouterr().err
-    assert f"warning: left out: {empty / 'corrections.json'}" in err
+    assert f"warning: left out: {empty}: no corrections saved" in err
     assert "on 3 labels" in err
 
     out = adapt_model(predictor, concat([*parts, fixed], 64), tmp_path / "mixed.onnx")
@@ -531,7 +532,7 @@ def test_bad_corrections_name_the_file(base, tmp_path, capsys):
     assert str(session) in err and "session.json" in err
     (session / "session.json").write_text(json.dumps({"mode": "xbd", "scene": "t"}))
     err = _fails(capsys, "--model", base, "--out", tmp_path / "x.onnx", "--corrections", session)
-    assert str(session / "corrections.json") in err and "no corrections" in err
+    assert str(session) in err and "no corrections" in err
     (session / "corrections.json").write_text(json.dumps({"3": {"uid": "a", "damage": "gone"}}))
     err = _fails(capsys, "--model", base, "--out", tmp_path / "x.onnx", "--corrections", session)
     assert str(session / "corrections.json") in err and "'gone'" in err and "row 3" in err
@@ -704,7 +705,7 @@ def test_adapt_and_suggest_on_a_georeferenced_scene(base, synthetic_scene, tmp_p
 
 
 def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene, tmp_path):
-    from app.adapt.labelled import from_corrections, from_session
+    from app.adapt.corrections import from_corrections, from_session
     from app.web.app import assess_tile, save_correction
     from runtime.predictor import Predictor
 

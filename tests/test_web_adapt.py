@@ -215,7 +215,7 @@ def test_suggest_ranks_only_uncorrected_buildings(predictor, score_model, tmp_pa
         assert r["damage"] in CLASS_NAMES and 0 < r["confidence"] <= 1
     # the model is not adapted: the first of the uncorrected buildings' random order by id,
     # which correcting one of them leaves as it was for the others
-    from app.adapt.labelled import from_session
+    from app.adapt.corrections import from_session
 
     every = from_session(result.session, predictor.spec, predictor.class_names)
     pool = every.subset(~every.labelled)

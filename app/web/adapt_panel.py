@@ -3,8 +3,8 @@ the buildings of an assessed tile to correct next (no torch, no Gradio).
 
 The corrections an analyst saves (:func:`app.web.sessions.save_correction`) accumulate over every
 assessment of the same event in the app's work folder: :func:`event_labels` reads them all
-(:func:`app.adapt.labelled.from_corrections`), a building corrected in several assessments counting once,
-with its latest class. :func:`adapt_to_event` fits a head on them (:func:`app.adapt.model.adapt_model`)
+from the work folder's label store (:func:`app.adapt.corrections.from_store`), a building corrected
+in several assessments or by several analysts counting once, with its latest class. :func:`adapt_to_event` fits a head on them (:func:`app.adapt.model.adapt_model`)
 and writes the adapted model, atomically, as ``WORK/models/<event>-adapted-<n>.onnx``, the folder
 whose models the app adds to its picker. :func:`suggest_next` lists the tile's uncorrected
 buildings to correct next (:func:`app.adapt.suggest.suggest`: a random draw before the model is adapted,
@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from app.adapt.labelled import LabelError, concat, from_corrections, from_session
+from app.adapt.corrections import from_session, from_store
+from app.adapt.labelled import LabelError
 from app.adapt.model import adapt_model, unlabelled_text
 from app.adapt.suggest import suggest
 from app.web.sessions import (
     AppError,
+    import_work,
     list_sessions,
     read_corrections_json,
     read_session,
@@ -36,6 +36,7 @@ from app.web.sessions import (
     set_event,
 )
 from data_prep.errors import LocalDamageError
+from data_prep.label_store import STORE_NAME
 from data_prep.store import safe_name
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class EventLabels:
 
 
 def event_sessions(work: str | os.PathLike, event: str) -> list[Path]:
-    """The assessments under ``work/sessions`` of ``event`` that hold corrections, oldest first."""
+    """The assessments under ``work/sessions`` of ``event`` that show corrections, oldest first."""
     out = []
     for session in list_sessions(work):
         try:
@@ -84,37 +85,23 @@ def event_sessions(work: str | os.PathLike, event: str) -> list[Path]:
 
 
 def event_labels(predictor: Predictor, work: str | os.PathLike, event: str) -> EventLabels:
-    """Every correction saved for ``event`` in the app's work folder, as labelled buildings.
-
-    A building corrected in several assessments (the same tile assessed again, e.g. by an
-    adapted model) counts once, with the class of its latest assessment.
+    """Every correction saved for ``event`` in the app's work folder's label store, as labelled
+    buildings (:func:`app.adapt.corrections.from_store`): each building once, with its latest
+    grade, whichever analyst or assessment set it.
 
     Raises:
         AppError: no correction of ``event`` can be read.
     """
     spec, names = predictor.spec, predictor.class_names
-    parts, read, left_out, seen = [], [], [], set()
-    for session in reversed(event_sessions(work, event)):  # newest first: its classes win
-        try:
-            buildings = from_corrections(session, spec, names, event)
-        except LabelError as exc:
-            left_out.append(str(exc))
-            continue
-        scene = str(read_session(session).get("scene", session.name))
-        keys = [(scene, i.split(":", 1)[-1]) for i in buildings.ids]
-        keep = np.array([k not in seen for k in keys], dtype=bool)
-        seen.update(keys)
-        if keep.any():
-            parts.append(buildings.subset(keep))
-            read.append(session)
-    if not parts:
-        problem = f" ({'; '.join(left_out)})" if left_out else ""
+    import_work(work)  # assessments kept before the store: their corrections.json, once
+    try:
+        buildings, read, left_out = from_store(Path(work) / STORE_NAME, spec, names, event)
+    except LabelError as exc:
         raise AppError(
-            f"no corrections saved for event {event} yet{problem}: select a building, pick its "
+            f"no corrections saved for event {event} yet ({exc}): select a building, pick its "
             "right class and click 'Save correction' first"
-        )
-    labels = concat(parts[::-1], spec.chip_size)
-    return EventLabels(event, labels, read[::-1], left_out)
+        ) from exc
+    return EventLabels(event, buildings, read, left_out)
 
 
 def next_model_path(folder: str | os.PathLike, event: str) -> Path:

@@ -56,7 +56,7 @@ from app.web.chip import ChipResult, assess_chip, heatmap_overlay, read_chip_pai
 from app.web.examples import make_examples
 from app.web.model_card import card_markdown
 from app.web.model_picker import ModelCache, model_choices
-from app.web.sessions import AppError, save_correction
+from app.web.sessions import AppError, import_work, save_correction
 from app.web.tile_views import CHOSEN_CSS
 
 #: The app's public names, the tile and chip functions of :mod:`app.web.assess` included.
@@ -118,6 +118,7 @@ def build_app(
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="local-damage-app-"))
     work.mkdir(parents=True, exist_ok=True)
+    import_work(work)  # assessments kept before the label store: their corrections.json, once
     choices = model_choices(models_dir, model, work)
     ctx = AppContext(ModelCache(choices), work, models_dir, max_pixels, finetuner)
     examples = make_examples(work / "examples")
@@ -140,7 +141,7 @@ def launch(
     model: str | None = None,
     host: str = "127.0.0.1",
     port: int = 7860,
-    auth: tuple[str, str] | None = None,
+    auth=None,
     work_dir: str | os.PathLike | None = None,
     block: bool = True,
     max_pixels: int | None = None,
@@ -153,7 +154,9 @@ def launch(
         models_dir, model, work_dir, max_pixels, finetuner: see :func:`build_app`.
         host: interface to bind (127.0.0.1: this machine only).
         port: TCP port.
-        auth: optional ``(username, password)``.
+        auth: optional ``(username, password)`` (one login), or a callable
+            ``(username, password) -> bool`` such as :class:`app.web.users.Users` (a users
+            file: each analyst logs in by name, and each correction records who made it).
         block: wait until interrupted; False returns at once (the server keeps running in a
             thread; close it with ``blocks.close()``).
         share: also serve it on a temporary public link through Gradio's share server (Gradio

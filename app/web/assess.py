@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.adapt.model import sha256
 from app.scoring.common import ScoreOptions, image_georef, probability_columns
 from app.scoring.detect import DETECTED, detect_tile, with_largest_building
 from app.scoring.outputs import OutputError
@@ -76,6 +77,17 @@ SYNTHETIC_NOTE = (
 
 # --------------------------------------------------------------------------------------------
 # Input checks
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256(path: str, mtime_ns: int, size: int) -> str:
+    return sha256(path)
+
+
+def model_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a model file (computed once per file version)."""
+    st = os.stat(path)
+    return _sha256(str(path), st.st_mtime_ns, st.st_size)
 
 
 def app_max_pixels(value: int | None = None) -> int:
@@ -442,9 +454,14 @@ def assess_tile(
         "map": str(web_map),
         "csv": str(csv_path),
         "model": str(predictor.path),
+        "model_sha256": model_sha256(predictor.path),
         "class_names": list(class_names),
         "uids": [r["uid"] for r in rows],
         "predicted": [r["damage"] for r in rows],
+        "probabilities": [
+            None if r["confidence"] is None else [r[p] for p in probability_columns(class_names)]
+            for r in rows
+        ],
         "event": tile_event(mode, footprints, scene),
     }
     write_json(out_dir / SESSION_FILE, session)

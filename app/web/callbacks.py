@@ -27,12 +27,14 @@ from app.web.model_picker import ModelCache
 from app.web.sessions import (
     AppError,
     carry_corrections,
+    read_corrections_json,
     read_session,
     save_correction,
     session_event,
     set_event,
 )
 from app.web.tile_views import building_details, enlarge, map_frame, slider_images
+from data_prep.label_store import store_for
 from runtime.grading import check_cost
 
 #: The heatmap's note when the model has a change map, and when it has none.
@@ -113,7 +115,6 @@ def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_ala
     footprints), a damaged grade only where at least ``false_alarm_cost`` times as probable as
     no-damage (:mod:`runtime.grading`; empty: 1); returns the overlay PNG, a Markdown summary,
     the building table, the GeoJSON/CSV files and the session folder."""
-    import pandas as pd
 
     missing = [n for n, f in (("pre", pre), ("post", post)) if not f]
     if missing:
@@ -133,11 +134,10 @@ def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_ala
         localizer=None if footprints else app_localizer(ctx.models_dir),
         false_alarm_cost=cost,
     )
-    table = pd.DataFrame(result.rows)
     return (
         str(result.overlay),
         result.summary(),
-        table,
+        corrected_table(result.session, result.rows),
         [str(result.vector), str(result.csv)],
         str(result.session),
     )
@@ -201,14 +201,52 @@ def on_pick(table, evt):
     return int(row_value[SUGGEST_COLUMNS.index("#")])
 
 
-def on_correct(session, row, damage):
-    """Save the class an analyst sets for building ``row``; returns a message and the file."""
+def analyst_name(request) -> str:
+    """The analyst of a request: the name logged in with, else ``anonymous``."""
+    return getattr(request, "username", None) or "anonymous"
+
+
+def corrected_table(session, rows: list[dict[str, Any]] | None = None):
+    """The building table of an assessment with each building's latest correction (any
+    analyst's) in ``corrected`` and who set it in ``by``."""
+    import pandas as pd
+
+    if rows is None:
+        table = pd.read_csv(read_session(session)["csv"], dtype={"uid": str})
+        text = table.select_dtypes("object").columns
+        table[text] = table[text].fillna("")
+    else:
+        table = pd.DataFrame(rows)
+    done = read_corrections_json(session)
+    if len(table):
+        table["corrected"] = [done.get(str(i), {}).get("damage", "") for i in range(len(table))]
+        table["by"] = [done.get(str(i), {}).get("analyst", "") for i in range(len(table))]
+    return table
+
+
+def on_correct(session, row, damage, request=None):
+    """Save the class an analyst sets for building ``row`` in the label store, as the analyst
+    logged in (``request``); returns a message and the store's file."""
     if not session:
         raise AppError("assess a tile first")
     if row is None or row == "":
         raise AppError("choose a building first: its # in the table, on the map or in the # box")
-    path = save_correction(session, int(row), damage)
-    return f"Saved: building #{int(row)} is **{damage}** in `{path}`", str(path)
+    who = analyst_name(request)
+    path = save_correction(session, int(row), damage, analyst=who)
+    store = store_for(session)
+    return (
+        f"Saved: building #{int(row)} is **{damage}** (by {who}) in the label store `{store}` "
+        f"and the label file `{path}`",
+        str(path),
+    )
+
+
+def on_corrected(session, row):
+    """After a correction: the table with every correction and the building's details."""
+    if not session:
+        return None, ""
+    details = "" if row is None or row == "" else building_details(session, int(row))
+    return corrected_table(session), details
 
 
 def on_assessed(session):
@@ -255,7 +293,7 @@ def on_adapt(ctx: AppContext, model_path, session, event, finetune=False):
         status,
         str(result.overlay),
         result.summary(),
-        pd.DataFrame(result.rows),
+        corrected_table(result.session, result.rows),
         [str(result.vector), str(result.csv)],
         str(result.session),
         done.labels.event,

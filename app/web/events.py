@@ -1,8 +1,9 @@
 """The web app's wiring: which event of :mod:`app.web.layout` calls which function of
 :mod:`app.web.callbacks`, with which components as inputs and outputs.
 
-Two events are the app's HTTP API (``/assess_tile`` and ``/assess_chip``, e.g. for
-``gradio_client``); the others are private to the page.
+Three events are the app's HTTP API (``/assess_tile``, ``/assess_chip`` and
+``/save_correction``, e.g. for ``gradio_client``, which keeps a client's assessment between its
+calls); the others are private to the page.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def bind(fn: Callable, *bound: Any, errors: tuple[type[Exception], ...] = (AppEr
     event.__name__ = event.__qualname__ = fn.__name__
     event.__doc__ = fn.__doc__
     event.__signature__ = inspect.Signature(params)
-    # Gradio passes the selection to a parameter annotated with the class itself
-    event.__annotations__ = {"evt": gr.SelectData} if any(p.name == "evt" for p in params) else {}
+    # Gradio passes the selection (the request) to a parameter annotated with the class itself
+    kinds = {"evt": gr.SelectData, "request": gr.Request}
+    event.__annotations__ = {p.name: kinds[p.name] for p in params if p.name in kinds}
     return event
 
 
@@ -98,12 +100,16 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
         building[:2],
         api_visibility="private",
     )
-    tile.save.click(
+    saved = tile.save.click(
         bind(cb.on_correct, errors=ROW_ERRORS),
         [session, tile.row, tile.right_class],
         [tile.correct_msg, tile.correct_file],
-        api_visibility="private",
+        api_name="save_correction",
     )
+    saved.success(
+        bind(cb.on_corrected), [session, tile.row], [tile.table, tile.details],
+        api_visibility="private",
+    )  # fmt: skip
     adapted = tile.adapt.click(
         bind(cb.on_adapt, ctx, errors=ADAPT_ERRORS),
         [model, session, tile.event, tile.finetune],

@@ -5,7 +5,8 @@
 - :func:`map_frame`: the tile's web map (:mod:`app.scoring.webmap`, written with the assessment)
   as an ``<iframe>`` for the page: the same file as ``score --map``, with the same click for a
   building's details.
-- :func:`building_details`: the chosen building's row of the table, as Markdown beside its chips.
+- :func:`building_details`: the chosen building's row of the table, as Markdown beside its chips,
+  with its corrections (every analyst's, newest first).
 
 The map and the page talk through ``message`` events: a click on a building posts its ``#``
 (:data:`MAP_JS_ON_LOAD` turns it into a ``select`` event of the map component), and choosing a
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from app.scoring.outputs import OVERLAY_MAX_SIDE, mosaic_preview, overlay_size
-from app.web.sessions import AppError, check_row, read_session
+from app.web.sessions import AppError, building_history, check_row, read_session
 from data_prep.mosaic import open_scene
 from data_prep.xbd_tiles import read_tile_pair
 
@@ -153,6 +154,11 @@ def building_details(session: str | os.PathLike, row: int) -> str:
     for key, value in record.items():
         if key not in ("#", "uid", "damage") and value not in ("", None):
             lines.append(f"- {key}: {_number(value)}")
+    history = building_history(session, row)
+    if history:
+        lines += ["", f"**Corrected: {history[-1].grade}** by {history[-1].analyst}", ""]
+        lines += ["| time (UTC) | analyst | grade |", "|---|---|---|"]
+        lines += [f"| {c.time} | {c.analyst} | {c.grade} |" for c in reversed(history)]
     return "\n".join(lines)
 
 
