@@ -110,6 +110,23 @@ def _assess_and_pick(server, pre, post, footprints, shot: str) -> dict:
             expect(page.locator("#bldg-details")).to_contain_text(
                 f"Building #{other}", timeout=30_000
             )
+            # a correction saved in the page: shown on the map at once, in the details with
+            # its analyst, and in the table's corrected/by columns
+            page.locator("#right-class input").click()
+            page.get_by_role("option", name="destroyed", exact=True).click()
+            page.locator("#save-correction").click()
+            expect(page.locator("#correct-msg")).to_contain_text(
+                f"building #{other} is destroyed (by anonymous)", timeout=30_000
+            )
+            inner.wait_for_function(
+                f"() => localDamage.layer({other}).feature.properties.corrected === 'destroyed'",
+                timeout=30_000,
+            )
+            assert frame.locator('path[stroke-dasharray="4 3"]').count() == 1  # dashed outline
+            expect(page.locator("#bldg-details")).to_contain_text(
+                "Corrected: destroyed by anonymous", timeout=30_000
+            )
+            expect(page.locator("#buildings")).to_contain_text("anonymous", timeout=30_000)
             assert not outside, f"the page fetched from outside the app: {outside[:5]}"
             assert not errors, errors
             return shown

@@ -68,6 +68,13 @@
   }
   function style(f) {
     var p = f.properties, c = colour(p), scored = p.damage_id >= 0;
+    if (p.corrected) {  // an analyst's grade: its colour, a dashed white outline
+      c = data.colours[data.classes.indexOf(p.corrected)] || c;
+      return {
+        color: "#ffffff", weight: 3, opacity: 1, dashArray: "4 3", fillColor: c,
+        fillOpacity: 0.5, className: "ld-building ld-corrected",
+      };
+    }
     return {
       color: p.flags ? data.flagged : c,
       weight: p.flags ? 3 : 1.5,
@@ -93,6 +100,7 @@
     box.appendChild(head);
     var t = document.createElement("table");
     row(t, "building", "#" + p.n + " (uid " + p.uid + ")");
+    if (p.corrected) row(t, "corrected", p.corrected + " (by " + (p.corrected_by || "?") + ")");
     if (p.p) {
       for (var k = 0; k < data.classes.length; k++) {
         var cell = document.createElement("span"), bar = document.createElement("span");
@@ -151,10 +159,19 @@
     return map.hasLayer(postLayer) ? "post" : map.hasLayer(preLayer) ? "pre" : "none";
   };
   api.select = function (n) { return select(n, false); };
+  api.corrected = function (n, grade, by) {  // a correction saved in the page: shown at once
+    var layer = byRow[n];
+    if (!layer) return false;
+    layer.feature.properties.corrected = grade;
+    layer.feature.properties.corrected_by = by;
+    buildings.resetStyle(layer);
+    return true;
+  };
   api.show = function (n) { return select(n, true); };
   window.addEventListener("message", function (e) {
     var d = e.data;
     if (d && d.localDamage === "show") api.show(Number(d.row));
+    if (d && d.localDamage === "corrected") api.corrected(Number(d.row), d.grade, d.by);
   });
 
   postLayer.addTo(map);

@@ -64,6 +64,10 @@ BASEMAP = {
 _ASSETS = Path(__file__).parent  # webmap.css and webmap.js
 
 
+#: The opening tag of a map file's data block.
+_DATA_OPEN = '<script id="ld-data" type="application/json">'
+
+
 def check_map_path(path: str | os.PathLike) -> None:
     """Refuse a map path that is not ``.html`` / ``.htm`` (before any work).
 
@@ -224,7 +228,7 @@ def map_document(
         f"<style>\n{style}\n</style>\n<style>\n{page_css}\n</style>\n</head>\n<body>\n"
         '<div id="map"></div>\n'
         f"<script>\n{script}\n</script>\n"
-        f'<script id="ld-data" type="application/json">{payload}</script>\n'
+        f"{_DATA_OPEN}{payload}</script>\n"
         f"<script>\n{page_js}\n</script>\n</body></html>\n"
     )
 
@@ -324,6 +328,25 @@ def image_map(
     return write_map(path, title, features, class_names, pre, post, bounds, True)
 
 
+def mark_corrections(path: str | os.PathLike, corrections: Mapping[int, tuple[str, str]]) -> Path:
+    """Rewrite a map file (atomically) with the analysts' grades: ``corrections`` maps a
+    building's row to ``(grade, analyst)``; those buildings show that grade's colour with a
+    dashed outline and "corrected ... (by ...)" in their details; the others show none."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    data = read_map_data(path)
+    for f in data["buildings"]["features"]:
+        p = f["properties"]
+        grade, by = corrections.get(int(p["n"]), (None, None))
+        p["corrected"], p["corrected_by"] = grade, by
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    start = text.index(_DATA_OPEN) + len(_DATA_OPEN)
+    end = text.index("</script>", start)
+    with atomic_file(path, suffix=path.suffix, text=True) as fh:
+        fh.write(text[:start] + payload + text[end:])
+    return path
+
+
 def read_map_data(path: str | os.PathLike) -> dict:
     """The data block of a map file (title, bounds, classes, counts, imagery layers, buildings).
 
@@ -331,7 +354,7 @@ def read_map_data(path: str | os.PathLike) -> dict:
         OutputError: the file holds no local-damage map data.
     """
     text = Path(path).read_text(encoding="utf-8")
-    match = re.search(r'<script id="ld-data" type="application/json">(.*?)</script>', text, re.S)
+    match = re.search(re.escape(_DATA_OPEN) + r"(.*?)</script>", text, re.S)
     if match is None:
         raise OutputError(f"{path}: not a local-damage map (no map data block)")
     return json.loads(match.group(1))

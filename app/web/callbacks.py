@@ -213,7 +213,7 @@ def corrected_table(session, rows: list[dict[str, Any]] | None = None):
 
     if rows is None:
         table = pd.read_csv(read_session(session)["csv"], dtype={"uid": str})
-        text = table.select_dtypes("object").columns
+        text = table.select_dtypes(exclude="number").columns
         table[text] = table[text].fillna("")
     else:
         table = pd.DataFrame(rows)

@@ -16,7 +16,7 @@ from app.web import callbacks as cb
 from app.web.callbacks import AppContext
 from app.web.layout import ChipTab, ModelRow, TileTab
 from app.web.sessions import AppError
-from app.web.tile_views import SHOW_JS
+from app.web.tile_views import CORRECTED_JS, SHOW_JS
 
 #: What a building's chips and a correction show as a message (a bad row number included).
 ROW_ERRORS = (AppError, ValueError, TypeError)
@@ -110,6 +110,8 @@ def connect_tabs(ctx: AppContext, models: ModelRow, session, tile: TileTab, chip
         bind(cb.on_corrected), [session, tile.row], [tile.table, tile.details],
         api_visibility="private",
     )  # fmt: skip
+    saved.success(None, [tile.row, tile.right_class], None, js=CORRECTED_JS,
+                  api_visibility="private")  # fmt: skip
     adapted = tile.adapt.click(
         bind(cb.on_adapt, ctx, errors=ADAPT_ERRORS),
         [model, session, tile.event, tile.finetune],

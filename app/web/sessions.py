@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from app.scoring.outputs import write_vector
+from app.scoring.webmap import mark_corrections
 from data_prep.errors import LocalDamageError
 from data_prep.label_store import IMPORTED, Correction, LabelStore, StoreError, store_for
 from data_prep.store import atomic_path, safe_name
@@ -200,9 +201,10 @@ _write_locks: dict[str, threading.Lock] = {}
 
 
 def _write_label_file(session: str | os.PathLike, info: dict) -> None:
-    """Write the assessment's label file from the store, after the save was committed. Saves of
-    one assessment write it one after another (a lock in this process, and a file lock between
-    processes), each from the store as it is then, so the last file holds every correction."""
+    """Write the assessment's label file from the store, after the save was committed, and mark
+    the corrections on its map (:func:`app.scoring.webmap.mark_corrections`). Saves of one
+    assessment write them one after another (a lock in this process, and a file lock between
+    processes), each from the store as it is then, so the last files hold every correction."""
     import fcntl
 
     lock_file = Path(session) / ".corrections.lock"
@@ -211,6 +213,21 @@ def _write_label_file(session: str | os.PathLike, info: dict) -> None:
         corrections = read_corrections_json(session)
         if corrections:
             _write_corrections(info, corrections, corrections_path(session))
+        web_map = Path(info.get("map") or "")
+        if corrections and web_map.is_file():
+            marks = {int(r): (e["damage"], e["analyst"]) for r, e in corrections.items()}
+            mark_corrections(web_map, marks)
+
+
+def show_corrections(session: str | os.PathLike) -> int:
+    """Write the label file and mark the map of a new assessment with the corrections the store
+    holds for its tile (saved in earlier assessments, by any analyst); returns how many."""
+    if not store_for(session).is_file() and not (Path(session) / CORRECTIONS_FILE).is_file():
+        return 0
+    n = len(read_corrections_json(session))
+    if n:
+        _write_label_file(session, read_session(session))
+    return n
 
 
 def _write_corrections(info: dict, corrections: dict, path: Path) -> None:

@@ -121,6 +121,20 @@ def slider_images(session: str | os.PathLike) -> tuple[str, str]:
     return str(paths[0]), str(paths[1])
 
 
+#: Runs in the page after a correction is saved (its inputs: the ``#`` box and the class): the
+#: map shows the building in the corrected grade's colour with a dashed outline at once.
+CORRECTED_JS = """
+(row, grade) => {
+  const frame = document.querySelector("#map iframe");
+  if (frame && frame.contentWindow && Number.isInteger(Number(row))) {
+    frame.contentWindow.postMessage(
+      { localDamage: "corrected", row: Number(row), grade: grade, by: "you" }, "*");
+  }
+  return [row, grade];
+}
+"""
+
+
 def map_frame(session: str | os.PathLike, height: int = MAP_HEIGHT) -> str:
     """The assessed tile's map file as an ``<iframe>`` (its whole document in ``srcdoc``, as the
     app serves HTML files only as downloads); a note when the assessment has no map."""
