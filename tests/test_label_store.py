@@ -292,3 +292,45 @@ def test_unwritable_store_is_a_clear_error(predictor, xbd_tile, tmp_path):
     (tmp_path / "labels.gpkg").mkdir()  # the store's name taken by a folder
     with pytest.raises(AppError, match="NOT saved.*labels.gpkg"):
         save_correction(session, 0, "destroyed")
+
+
+def test_commands_read_the_store(predictor, score_model, xbd_tile, tmp_path, capsys):
+    """`labels show/export`, `prepare xbd --xbd STORE` and `adapt --corrections STORE`."""
+    import pandas as pd
+
+    from app.web.sessions import save_correction
+    from tests.conftest import run_cli
+
+    session = _assess(predictor, xbd_tile, tmp_path / "work")
+    grades = ["destroyed", "no-damage", "destroyed", "no-damage", "major-damage"]
+    for row, grade in enumerate(grades):
+        save_correction(session, row, "minor-damage", analyst="ana")
+        save_correction(session, row, grade, analyst="ben")  # the latest wins everywhere
+    store = tmp_path / "work" / "labels.gpkg"
+    assert run_cli("labels", "show", tmp_path / "work") == 0
+    out = capsys.readouterr().out
+    assert "10 corrections of 5 buildings" in out and "ben 5" in out and "destroyed 2" in out
+    scene = json.loads((session / "session.json").read_text())["scene"]
+    uid = json.loads((session / "session.json").read_text())["uids"][0]
+    assert run_cli("labels", "show", store, "--history", scene, uid) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1:3] for line in lines] == [["ana", "minor-damage"], ["ben", "destroyed"]]
+
+    assert run_cli("labels", "export", store, "--out", tmp_path / "export", "--name", "c.gpkg") == 0
+    import pyogrio
+
+    layer = pyogrio.read_dataframe(tmp_path / "export" / "c.gpkg")
+    assert sorted(layer["damage"]) == sorted(grades) and set(layer["analyst"]) == {"ben"}
+
+    assert run_cli("prepare", "xbd", "--xbd", store, "--out", tmp_path / "chips", "--quiet") == 0
+    manifest = pd.read_csv(tmp_path / "chips" / "manifest.csv")
+    assert sorted(manifest["label"].map(dict(enumerate(CLASS_NAMES)))) == sorted(grades)
+
+    out_model = tmp_path / "adapted.onnx"
+    args = ["adapt", "--model", score_model, "--corrections", store, "--out", out_model, "--quiet"]
+    assert run_cli(*args) == 0
+    from runtime.predictor import Predictor
+
+    labels = Predictor(out_model).metadata["adaptation"]["labels"]
+    assert labels["n"] == 5
+    assert labels["per_class"] == {n: grades.count(n) for n in CLASS_NAMES}
