@@ -104,8 +104,9 @@ def test_the_api_example_runs_against_the_app(app_url, tmp_path, monkeypatch):
         exec(compile(code, str(DOC), "exec"), scope)
 
     table = scope["table"]
-    assert table["headers"][-3:] == ["flags", "status", "source"]
-    assert {row[-1] for row in table["data"]} == {"given"}
+    assert table["headers"][-5:] == ["flags", "status", "source", "corrected", "by"]
+    assert {row[-3] for row in table["data"]} == {"given"}
+    assert "Saved: building #0 is **destroyed** (by anonymous)" in printed.getvalue()
     assert "buildings**" in scope["summary"]
     assert scope["probabilities"]["label"] in {
         c["label"] for c in scope["probabilities"]["confidences"]
