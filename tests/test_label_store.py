@@ -334,3 +334,32 @@ def test_commands_read_the_store(predictor, score_model, xbd_tile, tmp_path, cap
     labels = Predictor(out_model).metadata["adaptation"]["labels"]
     assert labels["n"] == 5
     assert labels["per_class"] == {n: grades.count(n) for n in CLASS_NAMES}
+
+
+def test_read_only_folder_is_a_clear_error(predictor, xbd_tile, tmp_path):
+    """The work folder's file system turned read-only (a remounted tmpfs): the save is refused
+    as such; once writable again the earlier corrections are all there."""
+    import shutil
+
+    from app.web.sessions import AppError, save_correction
+    from data_prep.label_store import LabelStore
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip()})")
+    try:
+        session = _assess(predictor, xbd_tile, tmp_path)
+        target = mnt / "sessions" / "s1"
+        target.parent.mkdir()
+        shutil.copytree(session, target, ignore=shutil.ignore_patterns("*.png", "*.html", "*.jpg"))
+        save_correction(target, 0, "destroyed", analyst="before")
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        with pytest.raises(AppError, match="NOT saved.*(cannot write there|read-only)"):
+            save_correction(target, 1, "destroyed", analyst="during")
+        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+        assert [c.analyst for c in LabelStore(mnt / "labels.gpkg").rows()] == ["before"]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
