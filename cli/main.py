@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from bench import adapt as bench_adapt
 from bench import alignment as bench_alignment
+from bench import app_load as bench_app_load
 from bench import city as bench_city
 from bench import fewshot as bench_fewshot
 from bench import flags as bench_flags
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_adapt.add_parser(bench_sub)
     bench_map.add_parser(bench_sub)
     bench_newtile.add_parser(bench_sub)
+    bench_app_load.add_parser(bench_sub)
     return parser
 
 

@@ -67,10 +67,12 @@ if TYPE_CHECKING:
 MAX_PIXELS = 12_000 * 12_000
 #: Largest accepted upload (Gradio refuses bigger files before they reach a handler).
 MAX_FILE_SIZE = "200mb"
-#: Requests processed at once per event; the rest wait in the queue.
+#: Requests processed at once per event; the rest wait in the queue (2: one per core of the
+#: 2-core machines the app is measured on, docs/app.md "How many analysts one machine serves").
 CONCURRENCY_LIMIT = 2
-#: Requests allowed to wait in the queue.
-QUEUE_SIZE = 32
+#: Requests allowed to wait in the queue: 64, so 40 analysts assessing at the same moment are all
+#: answered (`local-damage bench app --clients 40` refused 9 of 80 with 32; docs/app.md).
+QUEUE_SIZE = 64
 #: Image suffixes accepted for tiles and chips.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 #: Footprint suffixes accepted in tile mode.
