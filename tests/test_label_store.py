@@ -366,3 +366,29 @@ def test_read_only_folder_is_a_clear_error(predictor, xbd_tile, tmp_path):
         assert [c.analyst for c in LabelStore(mnt / "labels.gpkg").rows()] == ["before"]
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_georeferenced_corrections_export_for_prepare_scene(predictor, synthetic_scene, tmp_path):
+    """A georeferenced tile's corrections: exported with lon/lat footprints and `damage`, which
+    `prepare scene --label-field damage` cuts on the scene's GeoTIFFs."""
+    import pandas as pd
+
+    from app.web.app import assess_tile
+    from app.web.sessions import save_correction
+    from tests.conftest import run_cli
+
+    s = synthetic_scene
+    result = assess_tile(predictor, s.pre[0], s.post[0], s.buildings, tmp_path / "sessions" / "g")
+    rows = [r["#"] for r in result.rows if r["status"] == "scored"][:3]
+    for row, grade in zip(rows, ["destroyed", "minor-damage", "no-damage"], strict=True):
+        save_correction(result.session, row, grade, analyst="ana")
+    assert run_cli("labels", "export", tmp_path, "--out", tmp_path / "export") == 0
+    export = tmp_path / "export" / "corrections.geojson"
+    assert not (tmp_path / "export" / "xbd").exists()  # no xBD tile among them
+    args = ["prepare", "scene", "--pre", s.pre[0], "--post", s.post[0], "--buildings", export,
+            "--label-field", "damage", "--out", tmp_path / "chips", "--quiet"]  # fmt: skip
+    assert run_cli(*args) == 0
+    manifest = pd.read_csv(tmp_path / "chips" / "manifest.csv", dtype={"uid": str})
+    assert sorted(manifest["label"].map(dict(enumerate(CLASS_NAMES)))) == sorted(
+        ["destroyed", "minor-damage", "no-damage"]
+    )
