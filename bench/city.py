@@ -39,6 +39,7 @@ from app.scoring.scene import score_scene
 from bench.score_core import one_opencv_thread
 from cli.options import add_model_args
 from data_prep.engine import EngineError, open_client
+from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_large_scene
 from runtime.contract import ModelError
@@ -296,10 +297,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if min(args.buildings, args.small, args.workers, args.spacing) < 1:
-        print(
-            "error: --buildings, --small, --workers and --spacing must be positive", file=sys.stderr
-        )
-        return 2
+        raise UsageError("--buildings, --small, --workers and --spacing must be positive")
     try:
         model = args.model or default_model()
         with tempfile.TemporaryDirectory(prefix="bench-city-scenes-") as tmp:
@@ -308,7 +306,6 @@ def run(args: argparse.Namespace) -> int:
                 model, root, args.buildings, args.small, args.workers, args.spacing
             )
     except (ModelError, SceneError, EngineError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from exc
     print(json.dumps(figures, indent=2) if args.json else format_city(figures))
     return 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,6 +32,7 @@ from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from bench.finetune_arm import finetune_labels, finetuned_classes
 from cli.options import add_model_args, add_report_args
+from data_prep.errors import UsageError
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
 from local_damage.adapt.network import FinetuneError
@@ -301,8 +301,7 @@ def add_parser(bench_sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.draws < 1:
-        print(f"error: --draws must be at least 1, got {args.draws}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--draws must be at least 1, got {args.draws}")
     result = bench_new_tile(
         args.model or default_model(),
         args.chips,

@@ -35,6 +35,7 @@ from app.scoring.common import ScoreOptions
 from bench.score_core import bench_one_core, format_one_core, large_scene
 from cli.options import add_model_args, add_report_args
 from data_prep.engine import EngineError, open_client
+from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_scene
 from runtime.contract import ModelError
@@ -233,8 +234,7 @@ def run(args: argparse.Namespace) -> int:
                     inputs.append((f"synthetic scene {args.large} px", [big]))
                 figures["one_core"] = bench_one_core(model, inputs, args.repeat)
     except (ModelError, SceneError, EngineError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from exc
     if args.json:
         print(json.dumps(figures, indent=2))
     else:

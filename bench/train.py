@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.train_scale import add_scale_args, run_scale
 from cli.options import add_report_args
+from data_prep.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -564,8 +565,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_grid(args.encoders, args.sizes, args.batches, args.steps, args.device)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from err
     on_rows = None
     if not args.json:
         print(format_header(args.device, torch.get_num_threads(), args.steps), flush=True)
@@ -584,8 +584,7 @@ def run(args: argparse.Namespace) -> int:
             on_rows=on_rows,
         )
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from err
     if args.json:
         print(json.dumps(rows, indent=1))
     if failures:

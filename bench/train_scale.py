@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.errors import UsageError
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import (
     MANIFEST_COLUMNS,
@@ -414,7 +415,6 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
 def run_scale(args: argparse.Namespace) -> int:
     """``bench train --chips``: print the figures."""
     import json
-    import sys
     import tempfile
 
     try:
@@ -422,12 +422,10 @@ def run_scale(args: argparse.Namespace) -> int:
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1 or args.loader_workers < 0 or args.timed_batches < 1:
-        print(
-            "error: --chips takes positive sizes (e.g. 2000,200000); --loader-workers >= 0, "
-            "--timed-batches >= 1",
-            file=sys.stderr,
+        raise UsageError(
+            "--chips takes positive sizes (e.g. 2000,200000); --loader-workers >= 0, "
+            "--timed-batches >= 1"
         )
-        return 2
     config = args.config
     default = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
     if config is None and default.is_file():
@@ -438,15 +436,12 @@ def run_scale(args: argparse.Namespace) -> int:
     try:  # a bad override is refused before any store is made
         batch = load_yaml(Config, config, args.overrides).train.batch_size
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from exc
     if min(sizes) < MIN_BATCHES * batch:  # the warm-up, a timed batch and the loop's two steps
-        print(
-            f"error: --chips {min(sizes)} gives fewer than {MIN_BATCHES} batches of "
-            f"{batch} chips; measure stores of at least {MIN_BATCHES * batch} chips",
-            file=sys.stderr,
+        raise UsageError(
+            f"--chips {min(sizes)} gives fewer than {MIN_BATCHES} batches of "
+            f"{batch} chips; measure stores of at least {MIN_BATCHES * batch} chips"
         )
-        return 2
     with tempfile.TemporaryDirectory(prefix="bench-train-scale-") as tmp:
         root = Path(args.dir) if args.dir else Path(tmp)
         figures = bench_scale(

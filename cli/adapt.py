@@ -29,6 +29,7 @@ from cli.options import (
     add_report_args,
     align_argument,
 )
+from data_prep.errors import UsageError
 from local_damage.adapt.finetune import (
     FinetuneOptions,
     export_finetuned,
@@ -221,18 +222,15 @@ def read_inputs(args: argparse.Namespace, predictor):
 def run(args: argparse.Namespace) -> int:
     """Adapt the model (``--out``) and/or rank the buildings to label next (``--suggest``)."""
     if args.out is None and args.suggest is None:
-        print("error: give --out (the adapted model) and/or --suggest N", file=sys.stderr)
-        return 2
+        raise UsageError("give --out (the adapted model) and/or --suggest N")
     if args.suggest is not None and args.suggest < 1:
-        print(f"error: --suggest must be at least 1, got {args.suggest}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--suggest must be at least 1, got {args.suggest}")
     heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
     predictor = Predictor(args.model if args.model else default_model())
     buildings = read_inputs(args, predictor)
     tune = args.finetune or args.semi
     if tune and args.out is None:
-        print("error: --finetune/--semi write a model: give --out", file=sys.stderr)
-        return 2
+        raise UsageError("--finetune/--semi write a model: give --out")
     if args.out is not None and tune:
         result = finetune_model(
             predictor, buildings, args.out, semi=args.semi, seed=args.seed, weights=args.weights

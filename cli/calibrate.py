@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from cli.options import MODEL_CHOICE, add_model_args
+from data_prep.errors import UsageError
 from local_damage.evaluation.calibrate import (
     OOD_QUANTILE,
     calibrate_model,
@@ -83,8 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
-        print(f"error: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     try:
         folds = (
             [int(f) for f in args.prototype_folds.split(",") if f.strip()]
@@ -92,12 +91,10 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
     except ValueError:
-        print(
-            f"error: --prototype-folds {args.prototype_folds!r}: give comma-separated fold "
-            "numbers, e.g. 0,2,4",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError(
+            f"--prototype-folds {args.prototype_folds!r}: give comma-separated fold "
+            "numbers, e.g. 0,2,4"
+        ) from None
     result = calibrate_model(
         args.model if args.model is not None else default_model(),
         args.chips,

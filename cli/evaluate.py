@@ -17,6 +17,7 @@ from cli.options import (
     add_report_args,
     add_xbd_args,
 )
+from data_prep.errors import UsageError
 from local_damage.evaluation.evaluate import (
     METRICS_JSON,
     PREDICTIONS_CSV,
@@ -106,20 +107,13 @@ def run(args: argparse.Namespace) -> int:
     ]
     missing = [flag for flag, given in needed if not given]
     if missing:
-        print(
-            f"error: evaluate needs {', '.join(missing)} (see `local-damage evaluate --help`)",
-            file=sys.stderr,
+        raise UsageError(
+            f"evaluate needs {', '.join(missing)} (see `local-damage evaluate --help`)"
         )
-        return 2
     if args.fold is not None and args.xbd:
-        print(
-            "error: --fold applies to --chips; with --xbd every cut chip is evaluated",
-            file=sys.stderr,
-        )
-        return 2
+        raise UsageError("--fold applies to --chips; with --xbd every cut chip is evaluated")
     if args.batch_size < 1:
-        print(f"error: --batch-size must be at least 1, got {args.batch_size}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     options = {
         "views": args.views,
         "tsne": not args.no_tsne,

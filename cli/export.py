@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.options import add_report_args
+from data_prep.errors import UsageError
 from data_prep.store import write_json
 from local_damage.evaluation.calibrate import calibrate_model, format_block, format_ood
 from local_damage.evaluation.chips import select_chips, store_folds
@@ -116,8 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     if args.no_temperature and args.calibrate_fold is None:
-        print("error: --no-temperature goes with --calibrate-fold K", file=sys.stderr)
-        return 2
+        raise UsageError("--no-temperature goes with --calibrate-fold K")
     out = check_out(args.out)
     export = RunExport(
         args.run,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cli.options import add_report_args
+from data_prep.errors import UsageError
 from local_damage.experiments.geometry import (
     LOSS_NAMES,
     XBD_PROPORTIONS,
@@ -104,8 +105,7 @@ def _cmd_geometry(args: argparse.Namespace) -> int:
             tol=args.tol,
         )
     except GeometryError as exc:  # the settings, named as the command names them
-        print(f"local-damage geometry: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"local-damage geometry: {exc}") from exc
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     results = run_geometry(cfg, log=log)
     paths = write_outputs(results, args.out, args.name)

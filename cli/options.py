@@ -14,10 +14,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
 from data_prep.engine import SCHEDULER_ENV
+from data_prep.errors import UsageError
 from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV, max_pixels
 from data_prep.spec import ChipSpec
 from runtime.registry import resolve_model
@@ -94,14 +94,16 @@ def max_pixels_argument(parser: argparse.ArgumentParser, default: int | None = N
     )
 
 
-def resolve_max_pixels(args: argparse.Namespace) -> int | None:
-    """The pixel limit of a command, or None after printing why the environment's is unusable."""
+def resolve_max_pixels(args: argparse.Namespace) -> int:
+    """The pixel limit of a command.
 
+    Raises:
+        UsageError: the environment's limit is unusable.
+    """
     try:
         return max_pixels(args.max_pixels)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None
+        raise UsageError(str(exc)) from exc
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:

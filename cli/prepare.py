@@ -49,8 +49,6 @@ def _prepare(args: argparse.Namespace, run) -> int:
     """``run(max_pixels)`` -> report, with the pixel limit resolved and the report finished as
     :func:`_finish` does."""
     max_pixels = resolve_max_pixels(args)
-    if max_pixels is None:
-        return 2
     return _finish(run(max_pixels), args)
 
 

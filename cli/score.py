@@ -30,6 +30,7 @@ from cli.options import (
     max_pixels_argument,
     resolve_max_pixels,
 )
+from data_prep.errors import UsageError
 from runtime.contract import ModelError
 from runtime.grading import check_cost
 from runtime.localizer import load_localizer
@@ -186,15 +187,11 @@ def _run_score(args: argparse.Namespace) -> int:
     if args.map:
         check_map_path(args.map)
     if args.labels and (len(args.pre) != 1 or len(args.post) != 1):
-        print(
-            "error: --labels (xBD mode) takes exactly one --pre and one --post image; "
-            "use --buildings for mosaics of georeferenced tiles",
-            file=sys.stderr,
+        raise UsageError(
+            "--labels (xBD mode) takes exactly one --pre and one --post image; "
+            "use --buildings for mosaics of georeferenced tiles"
         )
-        return 2
     max_pixels = resolve_max_pixels(args)
-    if max_pixels is None:
-        return 2
     predictor = _load_model(args.model, args.tta)
     options = _options(args, max_pixels)
     outputs = {"raster": args.raster, "overlay": args.overlay, "options": options}
@@ -244,11 +241,8 @@ def _run_score_batch(args: argparse.Namespace) -> int:
     shard = parse_shard(args.shard) if args.shard else None
     scenes, problems = read_scene_list(args.scenes)
     if not scenes and not problems:
-        print(f"error: {args.scenes}: lists no scenes", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.scenes}: lists no scenes")
     max_pixels = resolve_max_pixels(args)
-    if max_pixels is None:
-        return 2
     predictor = _load_model(args.model, args.tta)
     localizer = _batch_localizer(args.localizer, scenes)
     with _interrupt_on_sigterm():
@@ -283,20 +277,17 @@ def _run_app(args: argparse.Namespace) -> int:
     _load_model(args.model)  # an unusable model is refused before the app starts
     auth = None
     if args.users and (args.username or args.password_env):
-        print("error: give --users FILE or --username/--password-env, not both", file=sys.stderr)
-        return 2
+        raise UsageError("give --users FILE or --username/--password-env, not both")
     if args.users:
         auth = Users(args.users)  # a bad users file is refused before the app starts
         print(f"analysts: {', '.join(auth.names)} (from {args.users})", file=sys.stderr)
     elif args.username or args.password_env:
         password = os.environ.get(args.password_env or "", "")
         if not args.username or not password:
-            print(
-                "error: --username needs a password in the environment variable named by "
-                "--password-env (and that variable set)",
-                file=sys.stderr,
+            raise UsageError(
+                "--username needs a password in the environment variable named by "
+                "--password-env (and that variable set)"
             )
-            return 2
         auth = (args.username, password)
     print(f"local-damage app on http://{args.host}:{args.port} (Ctrl+C stops it)", file=sys.stderr)
     print(SHARING_NOTE if args.share else REACH_HINT, file=sys.stderr)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cli.options import add_chips_args, add_output_args, add_report_args
+from data_prep.errors import UsageError
 from local_damage.config import load_yaml
 
 
@@ -58,11 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         saved = Path(args.out) / "config.yaml"
         if not saved.is_file():
-            print(
-                f"error: {saved}: no saved config; cannot resume a run that never started",
-                file=sys.stderr,
-            )
-            return 2
+            raise UsageError(f"{saved}: no saved config; cannot resume a run that never started")
         config_path = saved
     cfg = load_yaml(Config, config_path, args.set)
     summary = train(

@@ -19,6 +19,12 @@ class LocalDamageError(Exception):
     says which input and what to do."""
 
 
+class UsageError(LocalDamageError):
+    """A command's options that are out of range or do not go together; the message names the
+    option and what to give instead. The console script prints it as every error of the family
+    (``error: ...``, exit status 2)."""
+
+
 #: Characters of a shell filename pattern.
 PATTERN_CHARS = "*?["
 

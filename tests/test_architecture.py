@@ -140,3 +140,17 @@ def test_every_module_is_on_the_architecture_page():
         and f"| `{path.name}` |" not in sections.get(str(path.parent.relative_to(REPO)), "")
     ]
     assert not missing, f"not in its package's table on docs/architecture.md: {missing}"
+
+
+def test_commands_raise_errors_and_main_prints_them():
+    """No command prints ``error: ...`` and returns 2 itself: it raises the project's error
+    (``data_prep.errors.UsageError`` for options), which ``cli.main.main`` prints once."""
+    printing = re.compile(r"print\(\s*f?[\"']error:")
+    found = [
+        str(path.relative_to(REPO))
+        for path in MODULES.values()
+        if path.parts[-2] in ("cli", "bench")
+        and path.name != "main.py"
+        and printing.search(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, found
