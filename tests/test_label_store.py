@@ -3,6 +3,7 @@ old ``corrections.json``, a process killed mid-burst, a full disk and an unwrita
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,6 +62,28 @@ def _saver(session: Path, who: str, start: Path, n: int, rows: int) -> subproces
     return subprocess.Popen(
         [*args, ",".join(CLASS_NAMES)], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
+
+
+@contextlib.contextmanager
+def _small_work(predictor, xbd_tile, tmp_path: Path, size: str):
+    """A work folder on a small tmpfs of ``size`` holding one assessment (its imagery and map
+    left out): yields ``(mount point, assessment folder)``; skips where mounting is not allowed."""
+    import shutil
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip()})")
+    try:
+        session = _assess(predictor, xbd_tile, tmp_path)
+        target = mnt / "sessions" / "s1"
+        target.parent.mkdir()
+        shutil.copytree(session, target, ignore=shutil.ignore_patterns("*.png", "*.html", "*.jpg"))
+        yield mnt, target
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def _analysts(work: Path) -> list[str]:
@@ -253,22 +276,10 @@ def test_write_failure_is_a_clear_error_and_keeps_the_store(predictor, xbd_tile,
 
 def test_full_disk_is_a_clear_error(predictor, xbd_tile, tmp_path):
     """A real full file system (a 1 MiB tmpfs): the save is refused as such, nothing lost."""
-    import shutil
-
     from app.web.sessions import AppError, save_correction
     from data_prep.label_store import LabelStore
 
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip()})")
-    try:
-        session = _assess(predictor, xbd_tile, tmp_path)
-        target = mnt / "sessions" / "s1"
-        target.parent.mkdir()
-        shutil.copytree(session, target, ignore=shutil.ignore_patterns("*.png", "*.html", "*.jpg"))
+    with _small_work(predictor, xbd_tile, tmp_path, "1m") as (mnt, target):
         saved, refused = [], None
         for i in range(5000):
             try:
@@ -284,8 +295,6 @@ def test_full_disk_is_a_clear_error(predictor, xbd_tile, tmp_path):
         store = LabelStore(mnt / "labels.gpkg")
         assert set(saved) <= {c.analyst for c in store.rows()}
         assert store.check() == "ok"
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_unwritable_store_is_a_clear_error(predictor, xbd_tile, tmp_path):
@@ -342,30 +351,16 @@ def test_commands_read_the_store(predictor, score_model, xbd_tile, tmp_path, cap
 def test_read_only_folder_is_a_clear_error(predictor, xbd_tile, tmp_path):
     """The work folder's file system turned read-only (a remounted tmpfs): the save is refused
     as such; once writable again the earlier corrections are all there."""
-    import shutil
-
     from app.web.sessions import AppError, save_correction
     from data_prep.label_store import LabelStore
 
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip()})")
-    try:
-        session = _assess(predictor, xbd_tile, tmp_path)
-        target = mnt / "sessions" / "s1"
-        target.parent.mkdir()
-        shutil.copytree(session, target, ignore=shutil.ignore_patterns("*.png", "*.html", "*.jpg"))
+    with _small_work(predictor, xbd_tile, tmp_path, "8m") as (mnt, target):
         save_correction(target, 0, "destroyed", analyst="before")
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         with pytest.raises(AppError, match="NOT saved.*(cannot write there|read-only)"):
             save_correction(target, 1, "destroyed", analyst="during")
         subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
         assert [c.analyst for c in LabelStore(mnt / "labels.gpkg").rows()] == ["before"]
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_georeferenced_corrections_export_for_prepare_scene(predictor, synthetic_scene, tmp_path):
