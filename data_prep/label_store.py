@@ -218,12 +218,15 @@ class LabelStore:
             Path(tmp).unlink(missing_ok=True)
 
     def _connect(self) -> sqlite3.Connection:
+        con = None
         try:
             con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None)
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=FULL")
             return con
         except sqlite3.Error as exc:
+            if con is not None:
+                con.close()  # a connection left open would hold the file (and its folder)
             raise _failure(self.path, exc) from exc
 
     # -- writing -----------------------------------------------------------------------------

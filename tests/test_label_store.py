@@ -82,8 +82,11 @@ def _small_work(predictor, xbd_tile, tmp_path: Path, size: str):
         target.parent.mkdir()
         shutil.copytree(session, target, ignore=shutil.ignore_patterns("*.png", "*.html", "*.jpg"))
         yield mnt, target
-    finally:
+    except BaseException:
         subprocess.run(["umount", str(mnt)], check=False)
+        raise
+    done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+    assert done.returncode == 0, f"a file of the store is still open: {done.stderr}"
 
 
 def _analysts(work: Path) -> list[str]:
