@@ -99,14 +99,20 @@ def split_network(net, blocks: int):
     return trunk, top, params
 
 
-def logits_of(net, top, f_pre, f_post):
+def logits_features(net, top, f_pre, f_post):
+    """What the classifier reads for trunk features ``f_pre``/``f_post``: the pooled (and, as
+    the network does, normalised) pre and post representations, side by side."""
     import torch.nn.functional as F
 
     r_pre = top(f_pre).mean(dim=(2, 3))
     r_post = top(f_post).mean(dim=(2, 3))
     if net.cfg.normalize_r:
         r_pre, r_post = F.normalize(r_pre, dim=1), F.normalize(r_post, dim=1)
-    return net.classifier(_cat([r_pre, r_post]))
+    return _cat([r_pre, r_post])
+
+
+def logits_of(net, top, f_pre, f_post):
+    return net.classifier(logits_features(net, top, f_pre, f_post))
 
 
 def _cat(parts):
