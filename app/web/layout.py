@@ -210,7 +210,7 @@ def tile_tab(examples: list[list[str]], finetune_note: str | None = None) -> Til
             )
             correct_btn = gr.Button("Save correction", elem_id="save-correction")
             correct_msg = gr.Markdown(elem_id="correct-msg")
-            correct_file = gr.File(label="Corrections file")
+            correct_file = gr.File(label="This tile's corrections as a label file (for prepare)")
         with gr.Row():
             event_in = gr.Textbox(
                 label="Event (Adapt pools the corrections of all its tiles)",
