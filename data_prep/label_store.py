@@ -279,8 +279,8 @@ class LabelStore:
             con.close()
 
     def rows(self, **where: Any) -> list[Correction]:
-        """Every correction (oldest first: by time, then by order of saving) whose columns equal ``where`` (e.g. ``event=...``,
-        ``scene=...``); the whole history."""
+        """Every correction whose columns equal ``where`` (e.g. ``event=...``, ``scene=...``),
+        oldest first (by time, then by order of saving): the whole history."""
         if not self.exists():
             return []
         bad = [k for k in where if k not in COLUMNS]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import NoReturn
@@ -44,6 +45,52 @@ def shared_data(name: str) -> Path:
     if not path.exists():
         missing(f"real data {path} not present (it lives beside the repository in ../shared/data)")
     return path
+
+
+@contextlib.contextmanager
+def app_process(work: Path, *options):
+    """`local-damage app --work WORK OPTIONS...` in its own process on a free local port, its
+    output in ``WORK/app.log``: yields ``(process, url)`` once it answers (fails the test when it
+    exits or does not answer within 180 s) and stops it after (SIGINT, then SIGKILL)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
+    cmd = [sys.executable, "-m", "cli.main", "app", "--port", str(port), "--work", str(work)]
+    log = open(work / "app.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([*cmd, *map(str, options)], cwd=work, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"local-damage app exited: {(work / 'app.log').read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"local-damage app did not answer on {url} within 180 s")
+                time.sleep(0.5)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
 
 
 def run_cli(*argv) -> int:

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, app_process
 
 DOC = REPO / "docs" / "app.md"
 DOC_URL = "http://127.0.0.1:7860/"
@@ -42,34 +36,8 @@ def app_url(tmp_path_factory):
     """`local-damage app` with no model options (the bundled models), on a free port."""
     if not (REPO / "models" / "default.onnx").is_file():
         pytest.fail("models/default.onnx is missing: the bundled model ships with the project")
-    port = _free_port()
-    work = tmp_path_factory.mktemp("app_work")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
-    cmd = [sys.executable, "-m", "cli.main", "app", "--port", str(port), "--work", str(work)]
-    log = open(work / "app.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"local-damage app exited: {(work / 'app.log').read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(url, timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"local-damage app did not answer on {url} within 180 s")
-                time.sleep(0.5)
+    with app_process(tmp_path_factory.mktemp("app_work")) as (_, url):
         yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_the_api_example_runs_against_the_app(app_url, tmp_path, monkeypatch):

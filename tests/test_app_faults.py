@@ -3,24 +3,13 @@ label store opens afterwards and holds every correction the app confirmed."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
-from tests.conftest import REPO
+from tests.conftest import app_process
 
 ANALYSTS = ("c0", "c1", "c2", "c3")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_kill_9_while_saving_keeps_every_confirmed_correction(score_model, synthetic_xbd, tmp_path):
@@ -34,24 +23,8 @@ def test_kill_9_while_saving_keeps_every_confirmed_correction(score_model, synth
     for name in ANALYSTS:
         add_user(users, name, f"pw-{name}")
     work = tmp_path / "work"
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GRADIO_ANALYTICS_ENABLED": "False"}
-    cmd = [sys.executable, "-m", "cli.main", "app", "--port", str(port), "--work", str(work),
-           "--models", str(score_model.parent), "--model", str(score_model), "--users", str(users)]  # fmt: skip
-    log = open(tmp_path / "app.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "app.log").read_text()[-2000:]
-            try:
-                urllib.request.urlopen(url, timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the app did not answer within 180 s"
-                time.sleep(0.5)
-
+    options = ["--models", score_model.parent, "--model", score_model, "--users", users]
+    with app_process(work, *options) as (proc, url):
         name = tile_name(0)
         files = [synthetic_xbd / "images" / f"{name}_pre_disaster.png",
                  synthetic_xbd / "images" / f"{name}_post_disaster.png",
@@ -80,11 +53,6 @@ def test_kill_9_while_saving_keeps_every_confirmed_correction(score_model, synth
         proc.wait()
         for t in threads:
             t.join(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
 
     store = LabelStore(work / STORE_NAME)
     assert store.check() == "ok"

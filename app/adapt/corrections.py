@@ -45,10 +45,10 @@ def session_folder(path: str | os.PathLike) -> Path:
 
 def read_corrections(session: Path, class_names: Sequence[str]) -> dict[int, int]:
     """Table row -> class id of the latest correction of each building of an assessment, from
-    the work folder's label store (:func:`data_prep.label_store.store_for`).
+    the work folder's label store (:func:`data_prep.label_store.store_for`); empty when none.
 
     Raises:
-        LabelError: no corrections, an unknown class, an unreadable store.
+        LabelError: an unknown class, an unreadable store.
     """
     info = json.loads((session / "session.json").read_text())
     store = LabelStore(store_for(session))
@@ -63,8 +63,6 @@ def read_corrections(session: Path, class_names: Sequence[str]) -> dict[int, int
             cid = class_id(c.grade, class_names, f"{store.path} row {c.fid}")
             if cid is not None:
                 out[row] = cid
-    if not out:
-        raise LabelError(f"{session}: no corrections saved for this assessment yet ({store.path})")
     return out
 
 
@@ -88,6 +86,10 @@ def from_corrections(
     session = session_folder(path)
     info = json.loads((session / "session.json").read_text())
     corrections = read_corrections(session, class_names)
+    if not corrections:
+        raise LabelError(
+            f"{session}: no corrections saved for this assessment yet ({store_for(session)})"
+        )
     scene = str(info.get("scene", session.name))
     if info.get("mode") == "xbd":
         label = session / "corrections" / "labels" / f"{scene}_post_disaster.json"
@@ -140,10 +142,7 @@ def from_session(
     """
     session = session_folder(path)
     info = json.loads((session / "session.json").read_text())
-    try:
-        corrections = read_corrections(session, class_names)
-    except LabelError:
-        corrections = {}
+    corrections = read_corrections(session, class_names)
     for key in ("pre", "post", "footprints"):
         if not Path(info.get(key, "")).is_file():
             raise LabelError(

@@ -328,23 +328,18 @@ def image_map(
     return write_map(path, title, features, class_names, pre, post, bounds, True)
 
 
-def mark_corrections(path: str | os.PathLike, corrections: Mapping[int, tuple[str, str]]) -> Path:
-    """Rewrite a map file (atomically) with the analysts' grades: ``corrections`` maps a
-    building's row to ``(grade, analyst)``; those buildings show that grade's colour with a
-    dashed outline and "corrected ... (by ...)" in their details; the others show none."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    data = read_map_data(path)
+def with_corrections(document: str, corrections: Mapping[int, tuple[str, str]]) -> str:
+    """A map document (the text of a map file) with the analysts' grades: ``corrections`` maps
+    a building's row to ``(grade, analyst)``; those buildings show that grade's colour with a
+    dashed outline and "corrected ... (by ...)" in their details."""
+    start = document.index(_DATA_OPEN) + len(_DATA_OPEN)
+    end = document.index("</script>", start)
+    data = json.loads(document[start:end])
     for f in data["buildings"]["features"]:
         p = f["properties"]
-        grade, by = corrections.get(int(p["n"]), (None, None))
-        p["corrected"], p["corrected_by"] = grade, by
+        p["corrected"], p["corrected_by"] = corrections.get(int(p["n"]), (None, None))
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    start = text.index(_DATA_OPEN) + len(_DATA_OPEN)
-    end = text.index("</script>", start)
-    with atomic_file(path, suffix=path.suffix, text=True) as fh:
-        fh.write(text[:start] + payload + text[end:])
-    return path
+    return document[:start] + payload + document[end:]
 
 
 def read_map_data(path: str | os.PathLike) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import functools
 import json
-import logging
 import os
 import re
 import time
@@ -35,15 +34,7 @@ from app.scoring.detect import DETECTED, detect_tile, with_largest_building
 from app.scoring.outputs import OutputError
 from app.scoring.scene import score_scene
 from app.scoring.xbd import score_xbd
-from app.web.sessions import (
-    SESSION_FILE,
-    AppError,
-    check_row,
-    read_session,
-    show_corrections,
-    tile_event,
-    write_json,
-)
+from app.web.sessions import SESSION_FILE, AppError, check_row, read_session, tile_event, write_json
 from data_prep.footprints import load_footprints
 from data_prep.imagery import ImageError
 from data_prep.mosaic import SceneError, open_scene
@@ -55,8 +46,6 @@ from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 from runtime.contract import ModelError
 from runtime.localizer import Localizer
 from runtime.registry import LOCALIZER_NAME, default_localizer
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -478,10 +467,6 @@ def assess_tile(
         "event": tile_event(mode, footprints, scene),
     }
     write_json(out_dir / SESSION_FILE, session)
-    try:
-        show_corrections(out_dir)  # the tile's buildings corrected before, by any analyst
-    except AppError as exc:  # the grades stand; the store's problem is shown when saving
-        log.warning("corrections of %s not shown: %s", scene, exc)
     return TileResult(
         session=out_dir,
         scene=scene,

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from app.scoring.outputs import write_vector
-from app.scoring.webmap import mark_corrections
 from data_prep.errors import LocalDamageError
 from data_prep.label_store import IMPORTED, Correction, LabelStore, StoreError, store_for
 from data_prep.store import atomic_path, safe_name
@@ -139,7 +138,8 @@ def save_correction(
 
 
 def _correction(session, info: dict, row: int, damage: str, analyst: str, source: str, when=None):
-    """The store row of one correction of building ``row`` of an assessment."""
+    """The store row of one correction of building ``row`` of an assessment, made at ``when``
+    (ISO 8601 UTC; None: when it is saved)."""
     probs = (info.get("probabilities") or [None] * (row + 1))[row]
     geometry, pixel_wkt = _footprint(info, row)
     return Correction(
@@ -201,10 +201,9 @@ _write_locks: dict[str, threading.Lock] = {}
 
 
 def _write_label_file(session: str | os.PathLike, info: dict) -> None:
-    """Write the assessment's label file from the store, after the save was committed, and mark
-    the corrections on its map (:func:`app.scoring.webmap.mark_corrections`). Saves of one
-    assessment write them one after another (a lock in this process, and a file lock between
-    processes), each from the store as it is then, so the last files hold every correction."""
+    """Write the assessment's label file from the store, after the save was committed. Saves of
+    one assessment write it one after another (a lock in this process, and a file lock between
+    processes), each from the store as it is then, so the last file holds every correction."""
     import fcntl
 
     lock_file = Path(session) / ".corrections.lock"
@@ -213,21 +212,6 @@ def _write_label_file(session: str | os.PathLike, info: dict) -> None:
         corrections = read_corrections_json(session)
         if corrections:
             _write_corrections(info, corrections, corrections_path(session))
-        web_map = Path(info.get("map") or "")
-        if corrections and web_map.is_file():
-            marks = {int(r): (e["damage"], e["analyst"]) for r, e in corrections.items()}
-            mark_corrections(web_map, marks)
-
-
-def show_corrections(session: str | os.PathLike) -> int:
-    """Write the label file and mark the map of a new assessment with the corrections the store
-    holds for its tile (saved in earlier assessments, by any analyst); returns how many."""
-    if not store_for(session).is_file() and not (Path(session) / CORRECTIONS_FILE).is_file():
-        return 0
-    n = len(read_corrections_json(session))
-    if n:
-        _write_label_file(session, read_session(session))
-    return n
 
 
 def _write_corrections(info: dict, corrections: dict, path: Path) -> None:
@@ -428,8 +412,8 @@ def import_corrections(session: str | os.PathLike) -> int:
                     raise ValueError(f"row {key} is uid {entry['uid']}, the table's is another")
                 who = str(entry.get("analyst") or "unknown")
                 source = IMPORTED + str(path)
-                rows.append(_correction(session, info, row, str(entry["damage"]), who, source))
-                rows[-1].time = entry.get("time") or None
+                when = entry.get("time") or None
+                rows.append(_correction(session, info, row, entry["damage"], who, source, when))
             store.add(rows)
         except StoreError as exc:
             raise AppError(str(exc)) from exc

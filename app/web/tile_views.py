@@ -18,15 +18,25 @@ from __future__ import annotations
 
 import csv
 import html
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
 from app.scoring.outputs import OVERLAY_MAX_SIDE, mosaic_preview, overlay_size
-from app.web.sessions import AppError, building_history, check_row, read_session
+from app.scoring.webmap import with_corrections
+from app.web.sessions import (
+    AppError,
+    building_history,
+    check_row,
+    read_corrections_json,
+    read_session,
+)
 from data_prep.mosaic import open_scene
 from data_prep.xbd_tiles import read_tile_pair
+
+log = logging.getLogger(__name__)
 
 #: Side in pixels of the chosen building's chips as the page shows them (nearest-neighbour).
 CHIP_VIEW_SIZE = 384
@@ -137,12 +147,23 @@ CORRECTED_JS = """
 
 def map_frame(session: str | os.PathLike, height: int = MAP_HEIGHT) -> str:
     """The assessed tile's map file as an ``<iframe>`` (its whole document in ``srcdoc``, as the
-    app serves HTML files only as downloads); a note when the assessment has no map."""
+    app serves HTML files only as downloads), with the corrections the label store holds for the
+    tile's buildings (any analyst's, :func:`app.scoring.webmap.with_corrections`); a note when
+    the assessment has no map."""
     info = read_session(session)
     path = Path(info.get("map") or "")
     if not info.get("map") or not path.is_file():
         return "<p>No map for this assessment.</p>"
-    document = html.escape(path.read_text(encoding="utf-8"), quote=True)
+    document = path.read_text(encoding="utf-8")
+    try:
+        done = read_corrections_json(session)
+    except AppError as exc:  # the grades stand; the store's problem shows when saving
+        log.warning("corrections not shown on the map of %s: %s", session, exc)
+        done = {}
+    if done:
+        marks = {int(r): (e["damage"], e["analyst"]) for r, e in done.items()}
+        document = with_corrections(document, marks)
+    document = html.escape(document, quote=True)
     return (
         f'<iframe title="Map of the assessed tile" srcdoc="{document}" '
         f'style="width: 100%; height: {int(height)}px; border: 0;"></iframe>'
