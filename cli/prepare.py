@@ -59,7 +59,7 @@ def _store_roots(roots: list[str], folder: Path) -> list[str]:
         if Path(root).suffix.lower() != ".gpkg":
             out.append(root)
             continue
-        done = export_store(root, folder / str(i), vector_name="corrections.gpkg")
+        done = export_store(root, folder / str(i), vector_name=None)
         for line in done.left_out:
             print(f"warning: left out: {line}", file=sys.stderr)
         if done.xbd is None:

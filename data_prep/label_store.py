@@ -210,9 +210,7 @@ class LabelStore:
                 con.close()
             with contextlib.suppress(FileExistsError):  # another process created it first
                 os.link(tmp, self.path)
-        except Exception as exc:
-            if isinstance(exc, StoreError):
-                raise
+        except Exception as exc:  # GDAL's and SQLite's errors alike: the file named, the why said
             raise _failure(self.path, exc) from exc
         finally:
             Path(tmp).unlink(missing_ok=True)

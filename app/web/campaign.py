@@ -51,9 +51,10 @@ def latest(store: str | os.PathLike, event: str | None = None) -> list[Correctio
 
 
 def export_store(store: str | os.PathLike, out: str | os.PathLike, event: str | None = None,
-                 vector_name: str = "corrections.geojson", xbd: bool = True) -> Export:  # fmt: skip
+                 vector_name: str | None = "corrections.geojson", xbd: bool = True) -> Export:  # fmt: skip
     """Write the store's latest corrections to ``out``: ``out/<vector_name>`` (GeoJSON or
-    GeoPackage by its suffix; buildings without a lon/lat footprint have no geometry) and, with
+    GeoPackage by its suffix; buildings without a lon/lat footprint have no geometry; None: no
+    vector file) and, with
     ``xbd``, the corrected xBD tiles under ``out/xbd`` (labels and image copies, from each tile's
     newest assessment that still has its files).
 
@@ -65,12 +66,14 @@ def export_store(store: str | os.PathLike, out: str | os.PathLike, event: str | 
         raise AppError(f"{store}: no corrections{f' of event {event}' if event else ''} yet")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    names = ["event", "scene", "uid", "predicted", "model_sha256", "analyst", "time", "source"]
-    columns = {"damage": np.array([c.grade for c in rows], dtype=object)}
-    columns |= {n: np.array([getattr(c, n) for c in rows], dtype=object) for n in names}
-    geoms = np.empty(len(rows), dtype=object)
-    geoms[:] = [c.geometry for c in rows]
-    vector = write_vector(out / vector_name, geoms, "EPSG:4326", columns, layer="corrections")
+    vector = None
+    if vector_name:
+        names = ["event", "scene", "uid", "predicted", "model_sha256", "analyst", "time", "source"]
+        columns = {"damage": np.array([c.grade for c in rows], dtype=object)}
+        columns |= {n: np.array([getattr(c, n) for c in rows], dtype=object) for n in names}
+        geoms = np.empty(len(rows), dtype=object)
+        geoms[:] = [c.geometry for c in rows]
+        vector = write_vector(out / vector_name, geoms, "EPSG:4326", columns, layer="corrections")
     result = Export(vector, None, len(rows))
     if xbd:
         _export_xbd(rows, out / "xbd", result)
