@@ -25,26 +25,38 @@ from local_damage.adapt.network import FinetuneError
 from local_damage.export.weights import export_weights
 from local_damage.metrics import classification_metrics
 from runtime.predictor import Predictor
+from runtime.selection import INTACT
 
 
-def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, float | None]:
+    """Accuracy, macro-F1 and ``intact_damaged``: the share of the intact buildings (class
+    :data:`runtime.selection.INTACT`) graded as damaged (None when none is intact)."""
     m = classification_metrics(y, pred, names)
-    return {"accuracy": round(float(m["accuracy"]), 6), "macro_f1": round(float(m["macro_f1"]), 6)}
+    intact = y == INTACT
+    return {
+        "accuracy": round(float(m["accuracy"]), 6),
+        "macro_f1": round(float(m["macro_f1"]), 6),
+        "intact_damaged": round(float(np.mean(pred[intact] != INTACT)), 6)
+        if intact.any()
+        else None,
+    }
 
 
 def tuned(weights: Path, b, given, ev, unlabelled, max_epochs: int, seed: int):
-    """``(predictions of ev or None, model, note)``: the network fine-tuned on the labels
-    ``given`` (:func:`finetune_labels`); None when the base network was kept or fine-tuning
-    refused the labels (the base model's grades stand)."""
+    """``(predictions of ev or None, model, note, seconds)``: the network fine-tuned on the
+    labels ``given`` (:func:`finetune_labels`) and the seconds fine-tuning took (choice
+    included); None when the base network was kept or fine-tuning refused the labels (the base
+    model's grades stand)."""
     try:
         r = finetune_labels(
             weights, b, given, unlabelled, FinetuneOptions(max_epochs=max_epochs, seed=seed)
         )
     except FinetuneError as exc:
-        return None, "base", f"fine-tuning refused: {exc}"
+        return None, "base", f"fine-tuning refused: {exc}", None
     if not r.epochs:
-        return None, "base", f"base network kept ({r.seconds:.0f} s)"
-    return finetuned_classes(r, b, ev), "finetuned", f"{r.epochs} epoch(s) ({r.seconds:.0f} s)"
+        return None, "base", f"base network kept ({r.seconds:.0f} s)", r.seconds
+    note = f"{r.epochs} epoch(s) ({r.seconds:.0f} s)"
+    return finetuned_classes(r, b, ev), "finetuned", note, r.seconds
 
 
 def area_blocks(chips, ids) -> np.ndarray:
@@ -157,11 +169,12 @@ def measure_event(
                 elif arm in ("finetune", "semi"):
                     # semi: every building of the event not given is unlabelled imagery
                     unl = np.setdiff1d(np.arange(len(b)), given) if arm == "semi" else None
-                    pred, model, note = tuned(
+                    pred, model, note, seconds = tuned(
                         weights, b, given, ev, unl, settings.finetune_epochs, settings.seed + r
                     )
                     row.update(base if pred is None else _scores(y[ev], pred, names))
                     row.update(model=model if pred is None else arm, note=note)
+                    row["seconds"] = None if seconds is None else round(float(seconds), 2)
                 else:
                     try:
                         a = adapt_head(

@@ -17,6 +17,7 @@ from app.adapt.model import (
     base_of,
     calibration_after_adapt,
     format_adaptation,
+    format_finetune,
     network_block,
     write_adapted,
 )
@@ -39,7 +40,6 @@ from local_damage.adapt.finetune import (
 from local_damage.adapt.network import FinetuneError, require_torch
 from runtime.predictor import Predictor
 from runtime.registry import default_model
-from runtime.selection import RULE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -294,36 +294,6 @@ def _suggest(args: argparse.Namespace, predictor, buildings) -> None:
     writer.writerow(COLUMNS)
     for r in rows:
         writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in COLUMNS])
-
-
-def format_finetune(block) -> str:
-    """The cross-validated curve of ``adapt --finetune/--semi`` and why the network was kept or
-    not, a few lines for the terminal."""
-    details, cv = block.get("finetune") or {}, block.get("cv") or {}
-    choice = details.get("choice") or {}
-    lines = [
-        "held-out curve over epochs (0 = the base network), NLL / accuracy / macro-F1 / intact recall:"
-    ]
-    for row in cv.get("curve") or []:
-        intact = row.get("intact_recall")
-        lines.append(
-            f"  epoch {row['epoch']:>2}  {row['nll']:.4f} / {row['accuracy']:.4f} / "
-            f"{row['macro_f1']:.4f} / {'n/a' if intact is None else f'{intact:.4f}'}"
-        )
-    best = choice.get("best_epoch")
-    if details.get("epochs"):
-        lines.append(
-            f"kept: {details['epochs']} epoch(s), the lowest held-out NLL, better than the base "
-            f"network by {choice.get('gain', 0):.4f} nats per label (se {choice.get('gain_se', 0):.4f})"
-        )
-    elif best:
-        lines.append(
-            f"kept: the base network; epoch {best} had the lowest held-out NLL but did not beat "
-            f"it clearly; the rule: {RULE}"
-        )
-    else:
-        lines.append("kept: the base network; no epoch lowered the held-out NLL")
-    return "\n".join(lines)
 
 
 def finetune_model(

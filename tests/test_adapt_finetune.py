@@ -265,3 +265,41 @@ def test_the_block_has_its_own_rate(base, store):
     train_top(net, top, params, feats, store.labels[:16], 1, options, 0)
     moved = {n for n, p in net.named_parameters() if n in before and not torch.equal(p, before[n])}
     assert moved and all(n.startswith("classifier") for n in moved)  # rate 0: the block stays
+
+
+def test_the_app_panel_says_what_fine_tuning_kept_and_why(base, score_model, tmp_path):
+    """Adapt in the app with "Fine-tune the network": the panel says which network was kept
+    and shows the held-out curve with the reason, as `adapt --finetune` prints them."""
+    import json
+
+    from app.web.adapt_panel import adapt_to_event
+    from app.web.app import assess_tile, save_correction
+    from cli.adapt import finetune_model
+    from data_prep.synthetic import tile_name
+    from runtime.predictor import Predictor
+
+    predictor = Predictor(base)
+    xbd = score_model.parent / "xbd"
+    name = tile_name(0)
+    label = xbd / "labels" / f"{name}_post_disaster.json"
+    pre = next((xbd / "images").glob(f"{name}_pre_disaster.*"))
+    post = next((xbd / "images").glob(f"{name}_post_disaster.*"))
+    work = tmp_path / "work"
+    result = assess_tile(predictor, pre, post, label, work / "sessions" / "20260101-000001")
+    truth = {
+        f["properties"]["uid"]: f["properties"].get("subtype", "")
+        for f in json.loads(label.read_text())["features"]["xy"]
+    }
+    for r in result.rows:
+        if r["status"] == "scored" and truth.get(r["uid"]) in predictor.class_names:
+            save_correction(result.session, r["#"], truth[r["uid"]])
+
+    done = adapt_to_event(predictor, work, result.session, finetuner=finetune_model)
+    status, block = done.status(), done.block
+    curve = block["cv"]["curve"]
+    assert "held-out curve over epochs" in status and "kept:" in status
+    assert len([ln for ln in status.splitlines() if ln.strip().startswith("epoch ")]) == len(curve)
+    if block["finetune"]["epochs"]:
+        assert f"network fine-tuned: **{block['finetune']['epochs']} epoch(s)**" in status
+    else:
+        assert "the base network was kept" in status and "0 epoch(s)" not in status

@@ -27,6 +27,7 @@ from app.adapt.fit import (
 from data_prep.store import atomic_path
 from runtime.contract import set_metadata
 from runtime.head import METADATA_KEY, Head
+from runtime.selection import RULE
 
 # --------------------------------------------------------------------------------------------
 # the model file
@@ -202,6 +203,36 @@ def format_adaptation(block: Mapping[str, Any]) -> str:
     text = unlabelled_text(block)
     if text:
         lines.append(text)
+    return "\n".join(lines)
+
+
+def format_finetune(block: Mapping[str, Any]) -> str:
+    """The cross-validated curve of ``adapt --finetune/--semi`` and why the network was kept or
+    not, a few lines for the terminal and the app."""
+    details, cv = block.get("finetune") or {}, block.get("cv") or {}
+    choice = details.get("choice") or {}
+    lines = [
+        "held-out curve over epochs (0 = the base network), NLL / accuracy / macro-F1 / intact recall:"
+    ]
+    for row in cv.get("curve") or []:
+        intact = row.get("intact_recall")
+        lines.append(
+            f"  epoch {row['epoch']:>2}  {row['nll']:.4f} / {row['accuracy']:.4f} / "
+            f"{row['macro_f1']:.4f} / {'n/a' if intact is None else f'{intact:.4f}'}"
+        )
+    best = choice.get("best_epoch")
+    if details.get("epochs"):
+        lines.append(
+            f"kept: {details['epochs']} epoch(s), the lowest held-out NLL, better than the base "
+            f"network by {choice.get('gain', 0):.4f} nats per label (se {choice.get('gain_se', 0):.4f})"
+        )
+    elif best:
+        lines.append(
+            f"kept: the base network; epoch {best} had the lowest held-out NLL but did not beat "
+            f"it clearly; the rule: {RULE}"
+        )
+    else:
+        lines.append("kept: the base network; no epoch lowered the held-out NLL")
     return "\n".join(lines)
 
 

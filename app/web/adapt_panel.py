@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.adapt.corrections import from_session, from_store
 from app.adapt.labelled import LabelError
-from app.adapt.model import adapt_model, unlabelled_text
+from app.adapt.model import adapt_model, format_finetune, unlabelled_text
 from app.adapt.suggest import suggest
 from app.web.sessions import (
     AppError,
@@ -144,19 +144,7 @@ class EventAdaptation:
             f"**Adapted** to {labels['n']} corrected buildings of event **{self.labels.event}** "
             f"({n_sessions} assessment{'s' if n_sessions != 1 else ''}): {per_class}.",
             "",
-            (
-                f"- network fine-tuned: **{tuned['epochs']} epoch(s)** of the last block and the "
-                f"classifier, chosen by cross-validation ({cv['scheme']})"
-                if tuned
-                else f"- head: **{block['method']}** (the base model unless a candidate beats "
-                f"it clearly, {cv['scheme']})"
-            )
-            + (
-                "; no head beat the base model on these labels, so the new model grades as the "
-                "base model does"
-                if block["method"] == "base"
-                else ""
-            ),
+            _what_was_kept(block, tuned, cv["scheme"]),
         ]
         if base and chosen:
             lines.append(
@@ -181,7 +169,28 @@ class EventAdaptation:
         )
         for problem in self.labels.left_out:
             lines.append(f"- left out: {problem}")
+        if tuned:
+            lines += ["", "```", format_finetune(block), "```"]
         return "\n".join(lines)
+
+
+def _what_was_kept(block: dict[str, Any], tuned: dict[str, Any] | None, scheme: str) -> str:
+    """The status line saying which model the adaptation kept."""
+    if tuned and tuned.get("epochs"):
+        return (
+            f"- network fine-tuned: **{tuned['epochs']} epoch(s)** of the last block and the "
+            f"classifier, chosen by cross-validation ({scheme}); the held-out curve below"
+        )
+    if tuned:
+        return (
+            f"- fine-tuning cross-validated over {tuned.get('max_epochs', '?')} epoch(s) "
+            f"({scheme}) and **the base network was kept**: no epoch beat it clearly (the curve "
+            "below), so the new model grades as the base model does"
+        )
+    text = f"- head: **{block['method']}** (the base model unless a candidate beats it clearly, {scheme})"
+    if block["method"] == "base":
+        text += "; no head beat the base model on these labels, so the new model grades as the base model does"
+    return text
 
 
 #: What the app says when fine-tuning is asked for and PyTorch is not installed.
