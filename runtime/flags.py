@@ -300,6 +300,7 @@ def ood_block(
     quantile: float,
     prototypes_from: Mapping[str, Any],
     threshold_from: Mapping[str, Any],
+    scene: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``ood`` metadata prop of a model.
 
@@ -310,9 +311,11 @@ def ood_block(
         quantile: the fraction of the threshold chips meant to fall under it.
         prototypes_from: where the prototypes came from (chips, folds, n per class).
         threshold_from: where the threshold was chosen (chips, fold, n, flagged fraction).
+        scene: the reference familiarity a whole scene is judged against
+            (:func:`runtime.familiarity.scene_reference`); None: scenes are not judged.
     """
     protos = unit(prototypes)
-    return {
+    out = {
         "method": OOD_METHOD,
         "class_names": list(class_names),
         "prototypes": [[round(float(v), 7) for v in row] for row in protos],
@@ -321,6 +324,9 @@ def ood_block(
         "prototypes_from": dict(prototypes_from),
         "threshold_from": dict(threshold_from),
     }
+    if scene is not None:
+        out["scene"] = dict(scene)
+    return out
 
 
 def ood_summary(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:

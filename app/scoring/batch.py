@@ -39,6 +39,7 @@ from data_prep.errors import LocalDamageError
 from data_prep.mosaic import SceneError
 from data_prep.report import Skipped
 from data_prep.store import safe_name, write_json
+from runtime.familiarity import ADVICE
 from runtime.localizer import Localizer
 from runtime.predictor import Predictor
 
@@ -316,6 +317,16 @@ class BatchReport:
             order = (s.get("report") or {}).get("order") or {}
             if order.get("reversed"):
                 lines.append(f"warning: scene {s['name']}: {order.get('warning', '')}")
+        unfamiliar = [
+            s["name"]
+            for s in self.scenes
+            if ((s.get("report") or {}).get("familiarity") or {}).get("unfamiliar")
+        ]
+        if unfamiliar:
+            lines.append(
+                f"grades uncertain on the imagery of {len(unfamiliar)} scene(s), unlike what the "
+                f"model learnt from: {', '.join(unfamiliar)}; {ADVICE}"
+            )
         failed = [s for s in self.scenes if s["status"] == "failed"]
         if failed or self.problems:
             lines.append(f"problems ({len(failed) + len(self.problems)}):")

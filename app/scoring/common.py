@@ -31,6 +31,7 @@ from data_prep.grid import reproject_geometries
 from data_prep.quality import BLANK
 from data_prep.report import Skipped
 from data_prep.timing import StageTimes, stage_table
+from runtime.familiarity import judge_scene, reference_of, scene_warning
 from runtime.flags import BLANK as BLANK_FLAG
 from runtime.flags import OVERSIZED as OVERSIZED_FLAG
 from runtime.flags import Flagger, flags_text, parse_flags
@@ -58,6 +59,9 @@ ALIGNMENT_KEY = "local_damage_alignment"
 ORDER_KEY = "local_damage_order"
 #: Output metadata key of the grade rule, written only when grades are not the most probable ones.
 GRADES_KEY = "local_damage_grades"
+#: Output metadata key of the scene's familiarity (:mod:`runtime.familiarity`), written when the
+#: model carries the reference.
+FAMILIARITY_KEY = "local_damage_familiarity"
 #: The stages of a scoring run, in the order they happen (:attr:`ScoreReport.stages`).
 STAGES = ("open", "plan", "align", "read", "cut", "context", "infer", "flags", "order", "outputs")
 
@@ -148,6 +152,8 @@ class ScoreReport:
             (:attr:`ScoreOptions.profile`); empty otherwise.
         grade_rule: ``{"false_alarm_cost", "rule"}`` when grades were not the most probable
             ones (:func:`grade_rule`); None otherwise.
+        familiarity: how familiar the scene's buildings are to the model
+            (:func:`runtime.familiarity.judge_scene`); None when the model carries no reference.
     """
 
     scene: str
@@ -166,10 +172,16 @@ class ScoreReport:
     order_warning: str = ""
     stages: dict[str, float] = field(default_factory=dict)
     grade_rule: dict | None = None
+    familiarity: dict | None = None
 
     @property
     def scored(self) -> int:
         return int(sum(self.per_class.values()))
+
+    @property
+    def familiarity_warning(self) -> str:
+        """The warning of an unfamiliar scene (:func:`runtime.familiarity.scene_warning`)."""
+        return scene_warning(self.familiarity)
 
     @property
     def buildings_per_second(self) -> float:
@@ -196,6 +208,8 @@ class ScoreReport:
             out["stages"] = dict(self.stages)
         if self.grade_rule:
             out["grade_rule"] = dict(self.grade_rule)
+        if self.familiarity is not None:
+            out["familiarity"] = dict(self.familiarity)
         return out
 
     def summary(self) -> str:
@@ -212,6 +226,8 @@ class ScoreReport:
             lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
         if self.order_warning:
             lines.append(self.order_warning)
+        if self.familiarity_warning:
+            lines.append(self.familiarity_warning)
         if self.alignment_text:
             lines.append(self.alignment_text)
         if self.not_covered:
@@ -268,6 +284,10 @@ class Scores:
         self.class_id = np.full(n, -1, dtype=np.int64)
         self.probs = np.full((n, k), np.nan, dtype=np.float64)
         self.flags = np.full(n, "", dtype=object)
+        # largest cosine to a class prototype (runtime.familiarity), NaN unscored or no prototypes
+        self.familiarity = np.full(n, np.nan, dtype=np.float64)
+        # the model's reference the scene's familiarity is judged against (None: not judged)
+        self.reference: dict | None = None
         # where the buildings came from: given or detected (app.scoring.detect)
         self.source = source
 
@@ -326,6 +346,8 @@ class Batcher:
         self.false_alarm_cost = check_cost(false_alarm_cost)
         self.timer = timer if timer is not None else StageTimes()
         self.flagger = Flagger(predictor.metadata)
+        if self.flagger.ood is not None:
+            scores.reference = reference_of(self.flagger.ood.block)
         self.rows: list[int] = []
         self.pre: list[np.ndarray] = []
         self.post: list[np.ndarray] = []
@@ -370,6 +392,8 @@ class Batcher:
         with self.timer.stage("flags"):
             flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
             self.scores.flags[rows] = [flags_text(names) for names in flags]
+            if self.flagger.ood is not None and pred.embedding is not None:
+                self.scores.familiarity[rows] = self.flagger.ood.scores(pred.embedding)
         self.rows, self.pre, self.post, self.context = [], [], [], []
 
 
@@ -402,10 +426,13 @@ def flag_oversized(
 
 
 def report_counts(report: ScoreReport, scores: Scores) -> None:
-    """Fill the report's per-class and not-covered counts from the scores."""
+    """Fill the report's per-class and not-covered counts from the scores, and judge the
+    scene's familiarity when the model carries the reference (:mod:`runtime.familiarity`)."""
     for cid in scores.class_id[scores.class_id >= 0]:
         report.per_class[report.class_names[int(cid)]] += 1
     report.not_covered = int(np.sum(scores.status == NOT_COVERED))
+    if scores.reference is not None:
+        report.familiarity = judge_scene(scores.familiarity[scores.class_id >= 0], scores.reference)
 
 
 @contextmanager
@@ -480,11 +507,14 @@ def _model_metadata(predictor: Predictor, report: ScoreReport | None = None) -> 
         out[ORDER_KEY] = json.dumps(report.order, sort_keys=True)
     if report is not None and report.grade_rule:
         out[GRADES_KEY] = json.dumps(report.grade_rule, sort_keys=True)
+    if report is not None and report.familiarity is not None:
+        out[FAMILIARITY_KEY] = json.dumps(report.familiarity, sort_keys=True)
     return out
 
 
 def _members(report: ScoreReport) -> dict | None:
-    """GeoJSON collection members: the alignment, and the order check when it warns."""
+    """GeoJSON collection members: the alignment, the order check when it warns, the grade rule
+    and the scene's familiarity."""
     members = {}
     if report.alignment is not None:
         members[ALIGNMENT_KEY] = report.alignment
@@ -492,6 +522,8 @@ def _members(report: ScoreReport) -> dict | None:
         members[ORDER_KEY] = report.order
     if report.grade_rule:
         members[GRADES_KEY] = report.grade_rule
+    if report.familiarity is not None:
+        members[FAMILIARITY_KEY] = report.familiarity
     return members or None
 
 

@@ -258,6 +258,9 @@ class TileResult:
             :mod:`app.scoring.order`); empty when nothing.
         grades: how the grades were given when not the most probable (a false-alarm cost:
             :func:`runtime.grading.rule_text`); empty otherwise.
+        uncertain: the warning of imagery unlike the model's training data
+            (:func:`runtime.familiarity.scene_warning`); empty when the tile looks familiar or
+            is not judged.
     """
 
     session: Path
@@ -274,6 +277,7 @@ class TileResult:
     warning: str = ""
     web_map: Path | None = None
     grades: str = ""
+    uncertain: str = ""
 
     @property
     def buildings(self) -> int:
@@ -297,6 +301,9 @@ class TileResult:
             lines += [f"| flagged: check (see the flags column) | {flagged} |"]
         if self.grades:
             lines[1:1] = ["", f"Grades: {self.grades}."]
+        if self.uncertain:
+            text = self.uncertain.removeprefix("grades uncertain on this imagery: ")
+            lines[1:1] = ["", f"**Grades uncertain on this imagery**: {text}"]
         if self.warning:
             lines[1:1] = ["", f"**Warning**: {self.warning.removeprefix('warning: ')}"]
         return "\n".join(lines)
@@ -483,6 +490,7 @@ def assess_tile(
         warning=report.order_warning,
         web_map=web_map,
         grades=report.grade_rule["rule"] if report.grade_rule else "",
+        uncertain=report.familiarity_warning,
     )
 
 

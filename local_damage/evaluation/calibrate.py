@@ -16,7 +16,9 @@ The same command stores what the ``ood`` abstain flag needs (:mod:`runtime.flags
 metadata prop: the class prototypes (the normalised mean embedding of each class over the
 labelled chips of the training folds, ``--prototype-folds``, by default every fold but the
 calibration fold) and the threshold (the ``--ood-quantile`` quantile, 1% by default, of the
-calibration fold's largest cosine similarity to a prototype). ``--no-ood`` leaves it out.
+calibration fold's largest cosine similarity to a prototype), and the reference a whole scene's
+familiarity is judged against (:mod:`runtime.familiarity`: the 0.1 quantile of the same scores).
+``--no-ood`` leaves it out.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from runtime.calibration import (
     fit_temperature,
 )
 from runtime.contract import save_onnx, set_metadata
+from runtime.familiarity import SCENE_KEY, scene_reference
 from runtime.flags import class_prototypes, ood_block, ood_scores, ood_threshold
 from runtime.predictor import Predictor, softmax
 
@@ -165,6 +168,7 @@ def fit_ood(
             "n": len(scores),
             "flagged": round(float(np.mean(scores < threshold)), 6),
         },
+        scene=scene_reference(scores),
     )
 
 
@@ -285,6 +289,61 @@ def calibrate_model(
     return {"calibration": block, "ood": ood_fit}
 
 
+def add_scene_reference(
+    model: str | Path,
+    chips: str | Path,
+    out: str | Path,
+    fold: int | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Add the reference a scene's familiarity is judged against (:mod:`runtime.familiarity`)
+    to a model's existing ``ood`` block and write it to ``out``; the prototypes, the threshold,
+    the temperature and everything else stay as they are. The reference is taken from the
+    familiarity of the labelled chips of ``fold`` (the model's calibration fold) to the stored
+    prototypes.
+
+    Returns:
+        The model's new ``ood`` block.
+
+    Raises:
+        CalibrationError: ``out`` does not end in .onnx, or the model carries no ``ood`` block.
+    """
+    import onnx
+
+    model, chips, out = Path(model), Path(chips), Path(out)
+    if out.suffix != ".onnx":
+        raise CalibrationError(f"{out}: the model file name must end in .onnx")
+    scorer = OnnxScorer(model)
+    check = flags.OodCheck.from_metadata(scorer.predictor.metadata)
+    if check is None:
+        raise CalibrationError(
+            f"{model}: no ood prototypes to measure familiarity against; calibrate without "
+            "--scene-only first"
+        )
+    chip_ids, description, _ = select_chips(chips, fold)
+    warn_spec_mismatch(scorer, chips)
+    note = fold_note(scorer.predictor.metadata, fold)
+    if note:
+        log.warning(note)
+    scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
+    familiarity = check.scores(scored.z)
+    block = dict(check.block)
+    block[SCENE_KEY] = {
+        **scene_reference(familiarity),
+        "fitted_on": {
+            "chips": str(chips),
+            "fold": fold,
+            "selection": description,
+            "n": len(familiarity),
+        },
+    }
+    proto = onnx.load(str(model))
+    set_metadata(proto, {flags.METADATA_KEY: block})
+    save_onnx(proto, out)
+    return block
+
+
 def format_ood(block: dict[str, Any] | None) -> str:
     """The ``ood`` block in one line, for the terminal."""
     if not block:
@@ -295,6 +354,12 @@ def format_ood(block: dict[str, Any] | None) -> str:
         f"ood: {len(block['prototypes'])} class prototypes from {src['selection']} ({n}); "
         f"threshold cos {block['threshold']:.4f} = the {block['quantile']:g} quantile of "
         f"{thr['n']} calibration chips (flags {thr['flagged']:.2%} of them)"
+        + (
+            f"; a scene is unfamiliar below median familiarity {block['scene']['familiarity']:.4f}"
+            f" (their {block['scene']['quantile']:g} quantile)"
+            if isinstance(block.get("scene"), dict)
+            else ""
+        )
     )
 
 

@@ -103,8 +103,11 @@ def main(run: str, chips: str, epochs: int = 1) -> None:
                     logits, _ = net.predict(normalize(pre), normalize(post))
                     probs.append(torch.softmax(logits.float(), 1).numpy())
                     labels.append(y.numpy())
-            report(f"{variant} ({len(norms)} batch norms, {epochs} pass(es))",
-                   np.concatenate(probs), np.concatenate(labels))
+            report(
+                f"{variant} ({len(norms)} batch norms, {epochs} pass(es))",
+                np.concatenate(probs),
+                np.concatenate(labels),
+            )
         else:
             report(f"{variant} ({len(norms)} batch norms, {epochs} pass(es))", *grade(net))
 
