@@ -24,24 +24,11 @@ import numpy as np
 
 from app.adapt.labelled import from_chip_store
 from app.adapt.model import adapt_model
-from cli.options import add_model_args, add_report_args
 from runtime.predictor import Predictor
 from runtime.registry import default_model
 
 #: Label counts measured by default: the analyst's common case.
 LABELS = (10, 20, 40, 50)
-
-
-def _counts(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"give comma-separated counts, e.g. 10,20; got {text}"
-        ) from None
-    if not values or min(values) < 2:
-        raise argparse.ArgumentTypeError(f"every count must be at least 2, got {text}")
-    return values
 
 
 def bench_adapt(
@@ -131,39 +118,6 @@ def format_result(result: dict[str, Any]) -> str:
         "and the chosen one fitted on all; adapt = embedding pass + fit"
     )
     return "\n".join(lines)
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench adapt``."""
-    p = bench_sub.add_parser(
-        "adapt",
-        help="seconds to adapt a model to 10-50 labels and to every label of a store",
-        description=(
-            "Adapt a model, as `local-damage adapt` does, to random draws of N labelled "
-            "buildings of a chip store for each N of --labels, and to all of them (the "
-            "baseline); print the seconds of the fit (every head cross-validated, the chosen "
-            "one fitted on all), of the embedding pass and of both, with the fit's ratio to "
-            "the baseline. Libraries are loaded by one untimed adaptation first. No torch."
-        ),
-    )
-    add_model_args(p)
-    p.add_argument("--chips", required=True, metavar="CHIPS", help="labelled chip store")
-    p.add_argument("--fold", type=int, metavar="K", help="only fold K of CHIPS/splits.csv")
-    p.add_argument("--event", metavar="NAME", help="only the buildings of this event")
-    p.add_argument(
-        "--labels",
-        type=_counts,
-        default=list(LABELS),
-        metavar="N,N",
-        help=f"label counts to draw (default {','.join(map(str, LABELS))})",
-    )
-    p.add_argument(
-        "--repeats", type=int, default=3, metavar="R", help="draws per count (default 3)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the first draw (default 0)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    add_report_args(p, json=False)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from bench.flags import fold_records, shift_chip
-from cli.options import add_report_args
 from data_prep.alignment import align_images
 from data_prep.residual import (
     CONTEXT_SIDE,
@@ -282,66 +281,6 @@ def format_result(result: dict[str, Any]) -> str:
     ]
     lines += [f"    {c['shift_px']:>5g} chip px: {c['detected']:.2%}" for c in chip["cases"]]
     return "\n".join(lines)
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench alignment``."""
-    p = bench_sub.add_parser(
-        "alignment",
-        help="misaligned flag: false alarms on real xBD tiles, detection on shifted copies",
-        description=(
-            "For a fold of an xBD chip store: measure and correct each tile's post-to-pre shift "
-            "as `score --labels` does, then print the share of real buildings flagged "
-            "misaligned and the share flagged once the post imagery is moved by each shift, "
-            "for the measurement around each building (scoring) and on the chip pair alone "
-            "(chip mode). Seeded; no torch, no model."
-        ),
-    )
-    p.add_argument("--chips", required=True, metavar="CHIPS", help="xBD chip store")
-    p.add_argument(
-        "--fold",
-        type=int,
-        nargs="+",
-        default=[1],
-        metavar="K",
-        help="fold, or several folds measured together (default 1)",
-    )
-    p.add_argument(
-        "--context-shifts",
-        type=float,
-        nargs="+",
-        default=[4.0, 8.0, 12.0, 16.0],
-        metavar="PX",
-        help="post image shifts in source pixels (default 4 8 12 16)",
-    )
-    p.add_argument(
-        "--context-limit",
-        type=float,
-        default=MISALIGNED_CONTEXT_PX,
-        metavar="PX",
-        help="misaligned above this residual shift around the building, in source pixels "
-        f"(default {MISALIGNED_CONTEXT_PX:g})",
-    )
-    p.add_argument(
-        "--shifts",
-        type=float,
-        nargs="+",
-        default=[4.0, 8.0, 16.0],
-        metavar="PX",
-        help="post chip shifts in chip pixels (default 4 8 16)",
-    )
-    p.add_argument(
-        "--limit",
-        type=float,
-        default=MISALIGNED_PX,
-        metavar="PX",
-        help=f"misaligned above this residual shift of a chip pair, in chip pixels "
-        f"(default {MISALIGNED_PX:g})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the shift directions")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    add_report_args(p, json=False)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

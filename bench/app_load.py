@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from app.web.assess import CONCURRENCY_LIMIT, IMAGE_SUFFIXES, QUEUE_SIZE
-from cli.options import add_model_args, add_report_args
 from data_prep.errors import LocalDamageError
 from data_prep.label_store import LAYER, STORE_NAME
 from runtime.registry import default_model
@@ -537,56 +536,6 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(f"time limit {result['timeout_s']:g} s reached: {unsent} assessment(s) unsent")
     lines += [f"{lv['level']} error: {e[:300]}" for lv in levels for e in lv["errors"]]
     return "\n".join(lines)
-
-
-def _counts(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"give comma-separated counts, e.g. 8,16; got {text!r}")
-    return values
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench app``."""
-    p = bench_sub.add_parser(
-        "app",
-        help="the web app under load: latency, throughput, refusals and memory of its server",
-        description=(
-            "Start `local-damage app` in its own process on 127.0.0.1 and drive it through its "
-            "HTTP API, one gradio_client per simulated analyst: each assesses the same tiles "
-            "(/assess_tile) and saves corrections after each (/save_correction); one client "
-            "first (the baseline), then each number of --clients at once. Prints requests "
-            "answered, refused (queue full) and failed, latency p50/p95/max and assessments per "
-            "second against the baseline, the server's peak memory, whether the grades were "
-            "the same every time, and the corrections acknowledged and kept in the label store."
-        ),
-    )
-    add_model_args(p)
-    for flag, kind, default, metavar, text in (
-        ("--clients", _counts, [8], "N[,N]", "simulated analysts at once, one load level per "
-         f"count (default 8, at most {MAX_CLIENTS})"),
-        ("--tiles", int, 2, "T", f"tiles each client assesses (default 2, at most {MAX_TILES})"),
-        ("--corrections", int, 2, "C", "corrections saved after each assessment (default 2)"),
-        ("--tiles-dir", str, None, "DIR", "xBD folder (images/*_pre_disaster.*, "
-         "images/*_post_disaster.*, labels/*_post_disaster.json) whose first T tiles are "
-         "assessed (default: synthetic tiles)"),
-        ("--tile-size", int, SYNTHETIC_SIZE, "PX", "side of the synthetic tiles (default "
-         f"{SYNTHETIC_SIZE}, a multiple of 64)"),
-        ("--timeout", float, TIMEOUT, "SECONDS", "time limit from the app's first answer: past "
-         f"it nothing more is sent and an unanswered request fails (default {TIMEOUT:g})"),
-        ("--host", str, "127.0.0.1", "HOST", "interface the app binds: 127.0.0.1 (default) or "
-         "localhost; nothing else"),
-    ):  # fmt: skip
-        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
-    p.add_argument(
-        "--no-baseline", action="store_true", help="skip the one-client baseline (no ratios)"
-    )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    add_report_args(p, json=False)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

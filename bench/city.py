@@ -37,7 +37,6 @@ from app.scoring.batch import SceneJob, score_batch
 from app.scoring.common import ScoreOptions
 from app.scoring.scene import score_scene
 from bench.score_core import one_opencv_thread
-from cli.options import add_model_args
 from data_prep.engine import EngineError, open_client
 from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
@@ -243,56 +242,6 @@ def format_city(figures: dict[str, Any]) -> str:
         f"the scenes took {figures['make_seconds']:.0f} s to make"
     )
     return "\n".join(lines)
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench city``."""
-    p = bench_sub.add_parser(
-        "city",
-        help="a synthetic city (40,000 buildings) scored end to end against a 4,000-building "
-        "scene: time per building and peak memory, on 1 and 2 workers",
-        description=(
-            "Make two synthetic scenes of the same density (a city and a small scene), score "
-            "each end to end on one worker (a fresh process each) and on an embedded Dask "
-            "cluster, and print seconds per building, their ratio and peak resident memory."
-        ),
-    )
-    add_model_args(p)
-    p.add_argument(
-        "--buildings",
-        type=int,
-        default=CITY,
-        metavar="N",
-        help=f"buildings of the city (default {CITY})",
-    )
-    p.add_argument(
-        "--small",
-        type=int,
-        default=SMALL,
-        metavar="N",
-        help=f"buildings of the small scene (default {SMALL})",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=2,
-        metavar="N",
-        help="workers of the Dask run (default 2; 1: none)",
-    )
-    p.add_argument(
-        "--spacing",
-        type=int,
-        default=100,
-        metavar="PX",
-        help="pixels per building cell (default 100)",
-    )
-    p.add_argument(
-        "--dir",
-        metavar="DIR",
-        help="where the scenes are made and kept (default: a temporary folder)",
-    )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

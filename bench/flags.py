@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from cli.options import MODEL_CHOICE, add_model_args, add_report_args
 from data_prep.split import fold_indices
 from data_prep.store import ChipReader, StoreError, read_manifest
 from runtime.contract import ModelError
@@ -250,35 +249,6 @@ def format_result(result: dict[str, Any]) -> str:
         )
     lines += [f"not measured: {why}" for why in result["skipped"]]
     return "\n".join(lines)
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench flags``."""
-    p = bench_sub.add_parser(
-        "flags",
-        help="abstain flags: false alarms on real chips, detection on corrupted copies",
-        description=(
-            "Print the share of real chip pairs of a fold that get each abstain flag (false "
-            "alarms) and the share of corrupted copies that get the flag they should (black pre "
-            "or post -> blank, cloud overlay -> cloud, haze veil -> haze, shifted post -> "
-            "misaligned, another event's post -> ood). Seeded; no torch."
-        ),
-    )
-    add_model_args(p, help=f"model to flag with: {MODEL_CHOICE} (default: the bundled default)")
-    p.add_argument("--chips", required=True, metavar="CHIPS", help="chip store")
-    p.add_argument("--fold", type=int, metavar="K", help="fold of CHIPS/splits.csv (default all)")
-    p.add_argument(
-        "--shift",
-        type=float,
-        default=SHIFT_PX,
-        metavar="PX",
-        help=f"shift of the shifted-post case in chip pixels (default {SHIFT_PX:g})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the corruptions (default 0)")
-    p.add_argument("--limit", type=int, metavar="N", help="use at most N pairs of the fold")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    add_report_args(p, json=False)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

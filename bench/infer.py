@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from cli.options import add_report_args
 from data_prep.store import read_manifest
 from data_prep.synthetic import make_xbd
 from data_prep.xbd import prepare_xbd
@@ -297,74 +296,7 @@ def format_table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _int_list(text: str) -> list[int | None]:
-    out: list[int | None] = []
-    for part in text.replace(",", " ").split():
-        if part == "default":
-            out.append(None)
-            continue
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected thread counts like 1,2, got {text!r}"
-            ) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"thread counts must be at least 1, got {value}")
-        out.append(value)
-    return out or [None]
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench infer``."""
-    p = bench_sub.add_parser(
-        "infer",
-        help="chip pairs per second: PyTorch eager vs ONNX Runtime fp32 / int8",
-        description=(
-            "Print chip pairs per second for PyTorch eager fp32, ONNX Runtime fp32 and int8 "
-            "(and fp16 with the CUDA provider) on the same chips and batch size, with ratios to "
-            "eager and argmax agreement with eager. Random ResNet-18/50 models on synthetic "
-            "chips, or --run RUN for a trained model on its validation chips."
-        ),
-    )
-    p.add_argument(
-        "--encoders",
-        nargs="+",
-        default=list(DEFAULT_ENCODERS),
-        metavar="NAME",
-        help="encoders of the random models, by spaces or commas (default resnet18 resnet50)",
-    )
-    p.add_argument("--run", metavar="RUN", help="use this trained run's model and validation chips")
-    p.add_argument(
-        "--input-size", type=int, default=128, metavar="PX", help="input side (default 128)"
-    )
-    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="pairs per call (32)")
-    p.add_argument("--pairs", type=int, default=128, metavar="N", help="pairs per pass (128)")
-    p.add_argument(
-        "--threads",
-        type=_int_list,
-        default=[None],
-        metavar="N[,N]",
-        help="ONNX Runtime intra-op thread counts to measure, e.g. 1,2 (default: its own)",
-    )
-    p.add_argument(
-        "--int8",
-        nargs="+",
-        choices=["static", "dynamic"],
-        default=["static"],
-        help="int8 quantizations to measure (default static)",
-    )
-    p.add_argument(
-        "--calibration", type=int, default=64, metavar="N", help="static int8 calibration chips"
-    )
-    p.add_argument("--repeat", type=int, default=2, metavar="N", help="timed passes per row (2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of random weights and data (0)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON records")
-    add_report_args(p, json=False)
-    p.set_defaults(func=_run_cli)
-
-
-def _run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     bench_infer(
         encoders=[e for text in args.encoders for e in text.split(",") if e],
         input_size=args.input_size,

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.options import add_report_args
 from data_prep.errors import LocalDamageError
 from data_prep.synthetic_scene import make_large_scene
 
@@ -178,29 +177,3 @@ def run(args: argparse.Namespace) -> int:
         "the page's own figure"
     )
     return 0
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench map``."""
-    p = bench_sub.add_parser(
-        "map",
-        help="size, write time and browser draw time of score --map's web map",
-        description=(
-            "Score the Joplin GeoTIFFs (--joplin) and a synthetic scene of --size px with the "
-            "bundled model, without and with --map; print the map file's size, what writing it "
-            "adds, and the time headless Chromium takes to draw it offline."
-        ),
-    )
-    p.add_argument(
-        "--joplin", metavar="DIR", help="the Joplin GeoTIFF folder (pre/, post/, footprints/)"
-    )
-    p.add_argument(
-        "--size",
-        type=int,
-        default=12288,
-        metavar="PX",
-        help="side of the synthetic scene in px, one building per 100 px cell (12288; 0: none)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic scene (0)")
-    add_report_args(p, quiet=False)
-    p.set_defaults(func=run)

@@ -31,7 +31,6 @@ from app.adapt.fit import AdaptError, adapt_head
 from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from bench.finetune_arm import finetune_labels, finetuned_classes
-from cli.options import add_model_args, add_report_args
 from data_prep.errors import UsageError
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
@@ -46,26 +45,6 @@ K = (5, 10, 20, 50)
 ARMS = ("heads", "finetune", "semi")
 #: A draw is "worse" when the adapted macro-F1 is below the base model's by more than this.
 WORSE = 0.01
-
-
-def _ks(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"give numbers of labels such as 5,20; got {text}"
-        ) from None
-    if not values or min(values) < 2:
-        raise argparse.ArgumentTypeError(f"every k must be at least 2, got {text}")
-    return values
-
-
-def _arms(text: str) -> list[str]:
-    arms = [a.strip() for a in text.split(",") if a.strip()]
-    bad = [a for a in arms if a not in ARMS]
-    if bad or not arms:
-        raise argparse.ArgumentTypeError(f"arms are {', '.join(ARMS)}; got {text}")
-    return arms
 
 
 def macro_f1(y: np.ndarray, pred: np.ndarray, names) -> float:
@@ -255,48 +234,6 @@ def format_summary(summary: list[dict[str, Any]]) -> str:
             f"{s['gain']:+.3f} +- {s['gain_se']:.3f} | {100 * s['worse_share']:.0f}% | {heads} |"
         )
     return "\n".join(lines)
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench new-tile``."""
-    p = bench_sub.add_parser(
-        "new-tile",
-        help="a new tile of a known event: adapt to k of its buildings, grade the rest; how "
-        "often adapting made it worse",
-        description=(
-            "For each k, draw tiles the model did not train on from the chip stores, label k of "
-            "a tile's buildings at random, adapt the model to them (--arms: heads as `adapt`, "
-            "finetune as `adapt --finetune`, semi as `adapt --semi`), grade the rest of the tile, "
-            "and print the mean macro-F1 of the base and adapted models and the share of draws "
-            "where adapting lost more than 0.01 macro-F1. See docs/experiments/fewshot.md."
-        ),
-    )
-    add_model_args(p, help="base model (default: the bundled model)")
-    p.add_argument(
-        "--chips", action="append", required=True, metavar="CHIPS", help="chip store (repeatable)"
-    )
-    p.add_argument(
-        "--k", type=_ks, default=list(K), metavar="K,K", help="labels (default 5,10,20,50)"
-    )
-    p.add_argument("--draws", type=int, default=50, metavar="N", help="draws per k (default 50)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
-    p.add_argument(
-        "--min-eval", type=int, default=20, metavar="N", help="buildings left to grade (default 20)"
-    )
-    p.add_argument(
-        "--arms", type=_arms, default=["heads"], metavar="LIST", help="heads,finetune,semi"
-    )
-    p.add_argument(
-        "--tune-draws",
-        type=int,
-        metavar="N",
-        help="draws per k for the finetune and semi arms (default: --draws; each takes tens "
-        "of seconds)",
-    )
-    p.add_argument("--out", metavar="JSON", help="also write every draw here")
-    p.add_argument("--plot", metavar="PNG", help="also plot the gain and the share made worse")
-    add_report_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,6 @@ from typing import Any
 from app.scoring.batch import read_scene_list, score_batch
 from app.scoring.common import ScoreOptions
 from bench.score_core import bench_one_core, format_one_core, large_scene
-from cli.options import add_model_args, add_report_args
 from data_prep.engine import EngineError, open_client
 from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
@@ -162,59 +161,6 @@ def format_table(figures: dict[str, Any]) -> str:
         "start s: cluster start-up and model loads (not in batch s)"
     )
     return "\n".join(lines)
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench score``."""
-    p = bench_sub.add_parser(
-        "score",
-        help="score-batch scenes/s and buildings/s for 1 and 2 workers, as ratios",
-        description=(
-            "Score the same scenes with `score-batch` for each worker count (1: in this process; "
-            "more: an embedded Dask cluster, started and warmed up before timing) and print "
-            "scenes/s and buildings/s with their ratio to the first worker count. Default "
-            "inputs: a synthetic batch made on the fly; --scenes for real ones."
-        ),
-    )
-    p.add_argument(
-        "--scenes",
-        metavar="CSV_OR_DIR",
-        help="scene list or folder of scene folders, as score-batch (default: a synthetic batch)",
-    )
-    p.add_argument(
-        "--count",
-        type=int,
-        default=24,
-        metavar="N",
-        help="scenes in the synthetic batch (default 24)",
-    )
-    add_model_args(p)
-    p.add_argument(
-        "--workers",
-        type=int,
-        nargs="+",
-        default=[1, 2],
-        metavar="N",
-        help="worker counts; the first is the baseline (default 1 2)",
-    )
-    p.add_argument("--repeat", type=int, default=1, metavar="N", help="timed batches (default 1)")
-    p.add_argument("--raster", action="store_true", help="also write class rasters")
-    p.add_argument(
-        "--large",
-        type=int,
-        default=LARGE,
-        metavar="PX",
-        help=f"side of the large synthetic scene scored on one core (default {LARGE}: "
-        f"{(LARGE // 100) ** 2} buildings; 0: none)",
-    )
-    p.add_argument(
-        "--no-one-core",
-        action="store_true",
-        help="leave out the one-core comparison with the network alone and its stage times",
-    )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    add_report_args(p, json=False)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,8 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.train_scale import add_scale_args, run_scale
-from cli.options import add_report_args
+from bench.train_scale import run_scale
 from data_prep.errors import UsageError
 
 if TYPE_CHECKING:
@@ -494,66 +493,6 @@ def format_table(rows: Sequence[dict[str, Any]], steps: int) -> str:
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    def parse(text: str) -> list[Any]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"empty list {text!r}")
-        try:
-            return [kind(t) for t in items]
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(f"{text!r}: {err}") from err
-
-    return parse
-
-
-def add_parser(bench_sub: argparse._SubParsersAction) -> None:
-    """Add `bench train` to the `bench` subcommands."""
-    p = bench_sub.add_parser(
-        "train",
-        help="training step time and activation memory per pair: naive vs optimised",
-        description=(
-            "Time a LOCAL training step (forward, OCL+WCE objective, backward, AdamW) and count "
-            "the activation memory saved for backward per pair, for a naive configuration (fp32, "
-            "pre and post as two encoder passes, no checkpointing) and the optimised one (pair "
-            "as one 2B batch, encoder activation checkpointing, bf16 autocast, channels-last), "
-            "with the ratio optimised / naive."
-        ),
-    )
-    p.add_argument(
-        "--encoders",
-        type=_csv(str),
-        default=list(DEFAULT_ENCODERS),
-        metavar="A,B",
-        help="encoders (default resnet18,resnet50)",
-    )
-    p.add_argument(
-        "--sizes",
-        type=_csv(int),
-        default=list(DEFAULT_SIZES),
-        metavar="N,M",
-        help="input sides in px, multiples of 32 (default 128,224,512)",
-    )
-    p.add_argument(
-        "--batches",
-        type=_csv(int),
-        default=list(DEFAULT_BATCHES),
-        metavar="N,M",
-        help="pairs per step (default 8,16)",
-    )
-    p.add_argument(
-        "--steps", type=int, default=2, metavar="N", help="timed steps after 1 warm-up (default 2)"
-    )
-    p.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of weights and batches (default 0)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON records")
-    add_report_args(p, json=False)
-    add_scale_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

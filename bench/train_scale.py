@@ -363,55 +363,6 @@ def format_scale(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_scale_args(p: argparse.ArgumentParser) -> None:
-    """The options of the simulated-store mode of ``bench train``."""
-    g = p.add_argument_group("training at xBD scale, simulated (given --chips)")
-    g.add_argument(
-        "--chips",
-        metavar="N,N",
-        help="measure the loader against the training step "
-        "on simulated chip stores of these sizes (e.g. 2000,200000) instead",
-    )
-    g.add_argument(
-        "--loader-workers",
-        type=int,
-        default=2,
-        metavar="N",
-        help="loader worker processes (default 2)",
-    )
-    g.add_argument(
-        "--timed-batches",
-        type=int,
-        default=40,
-        metavar="N",
-        help="timed loader batches per store (default 40; at most one pass over the store)",
-    )
-    g.add_argument(
-        "--config",
-        metavar="YAML",
-        help="training config (default: configs/default.yaml when it exists, else the defaults)",
-    )
-    g.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field of the training config, as `train --set` does, e.g. --set "
-        "model.encoder=resnet50 --set data.input_size=512 (repeatable)",
-    )
-    g.add_argument(
-        "--source",
-        metavar="CHIPS",
-        help="chip store whose chips are repeated (default: one prepared from synthetic xBD tiles)",
-    )
-    g.add_argument(
-        "--dir",
-        metavar="DIR",
-        help="where the stores are made and kept (default: a temporary folder)",
-    )
-
-
 def run_scale(args: argparse.Namespace) -> int:
     """``bench train --chips``: print the figures."""
     import json

@@ -24,11 +24,14 @@ from app.adapt.model import (
 from app.adapt.suggest import COLUMNS, suggest, write_suggestions
 from app.web.sessions import import_corrections
 from cli.options import (
+    add_batch_size_arg,
     add_chips_args,
     add_model_args,
     add_output_args,
     add_report_args,
+    add_seed_arg,
     align_argument,
+    comma_list,
 )
 from data_prep.errors import UsageError
 from local_damage.adapt.finetune import (
@@ -106,6 +109,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_output_args(p, required=False, metavar="NAME.onnx", help="adapted model to write")
     p.add_argument(
         "--heads",
+        type=comma_list(str, "heads", ",".join(METHODS), empty=()),
         default=",".join(METHODS),
         metavar="LIST",
         help=f"comma-separated heads to try (default {','.join(METHODS)})",
@@ -148,8 +152,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="CSV",
         help="write the ranking here (default: print it)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the k-fold split (default 0)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="pairs per batch")
+    add_seed_arg(p, help="seed of the k-fold split")
+    add_batch_size_arg(p, 32, "pairs per batch")
     add_report_args(p)
     align_argument(p)
     p.set_defaults(func=run)
@@ -225,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give --out (the adapted model) and/or --suggest N")
     if args.suggest is not None and args.suggest < 1:
         raise UsageError(f"--suggest must be at least 1, got {args.suggest}")
-    heads = tuple(h.strip() for h in args.heads.split(",") if h.strip())
+    heads = tuple(args.heads)
     predictor = Predictor(args.model if args.model else default_model())
     buildings = read_inputs(args, predictor)
     tune = args.finetune or args.semi

@@ -5,14 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 
-from cli.options import MODEL_CHOICE, add_model_args
+from cli.options import (
+    MODEL_CHOICE,
+    add_batch_size_arg,
+    add_json_switch,
+    add_model_args,
+    comma_list,
+)
 from data_prep.errors import UsageError
 from local_damage.evaluation.calibrate import (
     OOD_QUANTILE,
+    add_scene_reference,
     calibrate_model,
     format_block,
     format_ood,
 )
+from runtime.familiarity import SCENE_KEY
 from runtime.registry import default_model
 
 
@@ -46,11 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME.onnx",
         help="calibrated model to write (may be MODEL itself; written atomically)",
     )
-    p.add_argument(
-        "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
-    )
+    add_batch_size_arg(p, 64, "pairs per batch")
     p.add_argument(
         "--prototype-folds",
+        type=comma_list(int, "fold numbers", "0,2,4", empty=()),
         metavar="LIST",
         help="comma-separated folds whose labelled chips give the class prototypes of the ood "
         "flag (the model's training folds); default: every fold but --fold",
@@ -75,8 +82,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="store no class prototypes (an existing ood block is kept as it is)",
     )
     p.add_argument(
-        "--json", action="store_true", help="print the calibration and ood blocks as JSON"
+        "--scene-only",
+        action="store_true",
+        help="only add to the model's existing ood block the reference a whole scene's "
+        "familiarity is judged against (the 0.1 quantile of the --fold chips' largest cosine "
+        "to its stored prototypes; scenes below it are reported as unlike the training data); "
+        "the temperature, prototypes and threshold stay as they are",
     )
+    add_json_switch(p, help="print the calibration and ood blocks as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -84,17 +97,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    try:
-        folds = (
-            [int(f) for f in args.prototype_folds.split(",") if f.strip()]
-            if args.prototype_folds
-            else None
+    if args.scene_only:
+        block = add_scene_reference(
+            args.model if args.model is not None else default_model(),
+            args.chips,
+            args.out,
+            fold=args.fold,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
         )
-    except ValueError:
-        raise UsageError(
-            f"--prototype-folds {args.prototype_folds!r}: give comma-separated fold "
-            "numbers, e.g. 0,2,4"
-        ) from None
+        print(json.dumps(block[SCENE_KEY], indent=2) if args.json else format_ood(block))
+        print(f"wrote {args.out}")
+        return 0
+    folds = args.prototype_folds or None  # none given (or an empty list): every fold but --fold
     result = calibrate_model(
         args.model if args.model is not None else default_model(),
         args.chips,

@@ -12,9 +12,11 @@ from app.scoring.xview2 import evaluate_xview2, format_table
 from cli.options import (
     LOCALIZER_CHOICE,
     MODEL_CHOICE,
+    add_batch_size_arg,
     add_localizer_args,
     add_model_args,
     add_report_args,
+    add_seed_arg,
     add_xbd_args,
 )
 from data_prep.errors import UsageError
@@ -67,9 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="evaluate fold K of CHIPS/splits.csv (the run's validation fold); default: every labelled chip",
     )
     p.add_argument("--out", metavar="DIR", help="output folder")
-    p.add_argument(
-        "--batch-size", type=int, default=64, metavar="N", help="pairs per batch (default 64)"
-    )
+    add_batch_size_arg(p, 64, "pairs per batch")
     p.add_argument(
         "--views",
         type=int,
@@ -77,9 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=2,
         help="2 (default): embed a second augmented view of each chip for SAA and SAD; 1: skip them",
     )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the second view and t-SNE (default 0)"
-    )
+    add_seed_arg(p, help="seed of the second view and t-SNE")
     p.add_argument(
         "--tta",
         choices=("none", "flips", "d8"),
@@ -177,9 +175,7 @@ def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also write the challenge scorer's PNG inputs under OUT/xview2",
     )
-    p.add_argument(
-        "--batch-size", type=int, default=32, metavar="N", help="chips per batch (default 32)"
-    )
+    add_batch_size_arg(p, 32, "chips per batch")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_report_args(p, quiet=False)
     p.set_defaults(func=run_xview2)

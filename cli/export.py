@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cli.options import add_report_args
+from cli.options import add_json_switch, add_report_args
 from data_prep.errors import UsageError
 from data_prep.store import write_json
 from local_damage.evaluation.calibrate import calibrate_model, format_block, format_ood
@@ -104,7 +104,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also write the run's weights as fp16 safetensors, small enough to ship next to the "
         "model, for fine-tuning with `local-damage train --init`",
     )
-    p.add_argument("--json", action="store_true", help="print the parity report as JSON")
+    add_json_switch(p, help="print the parity report as JSON")
     add_report_args(p, json=False)
     p.set_defaults(func=run)
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from cli.options import add_report_args
+from cli.options import add_report_args, add_seed_arg, comma_list
 from data_prep.errors import UsageError
 from local_damage.experiments.geometry import (
     LOSS_NAMES,
@@ -18,31 +18,6 @@ from local_damage.experiments.geometry import (
     run_geometry,
     write_outputs,
 )
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    return values
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(v.strip().lower() for v in text.split(",") if v.strip())
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -61,21 +36,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--proportions",
-        type=_float_list,
+        type=comma_list(float, "numbers", "0.25,0.25,0.25,0.25"),
         default=XBD_PROPORTIONS,
         help="class proportions, comma-separated (normalised to sum 1); the default is "
         "xBD-like, 0.25,0.25,0.25,0.25 is balanced",
     )
     p.add_argument(
-        "--batch-sizes", type=_int_list, default=(8, 64), help="mini-batch sizes, comma-separated"
+        "--batch-sizes",
+        type=comma_list(int, "integers", "8,64", empty=()),
+        default=(8, 64),
+        help="mini-batch sizes, comma-separated",
     )
-    p.add_argument("--losses", type=_str_list, default=LOSS_NAMES, help="scl and/or ocl")
+    p.add_argument(
+        "--losses",
+        type=comma_list(str.lower, "losses", "scl,ocl", empty=()),
+        default=LOSS_NAMES,
+        help="scl and/or ocl",
+    )
     p.add_argument("--n", type=int, default=400, help="number of samples N")
     p.add_argument("--dim", type=int, default=16, help="embedding dimension D")
     p.add_argument("--steps", type=int, default=10_000, help="optimiser steps per run")
     p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
     p.add_argument("--temperature", type=float, default=0.5, help="contrastive temperature t")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_arg(p)
     p.add_argument(
         "--tol",
         type=float,

@@ -21,6 +21,7 @@ from pathlib import Path
 from app.web.campaign import export_store, summary
 from app.web.sessions import AppError, import_work
 from app.web.users import add_user, read_users
+from cli.options import add_json_switch
 from data_prep.label_store import STORE_NAME, LabelStore
 
 
@@ -124,7 +125,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="vector file name in DIR; .gpkg for a GeoPackage (default corrections.geojson)",
     )
     export.add_argument("--no-xbd", action="store_true", help="no xBD label folder")
-    export.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_json_switch(export, help="print what was written as JSON")
     export.set_defaults(func=_run_export)
     imp = lsub.add_parser(
         "import", help="import the corrections.json of a work folder's assessments (once)"

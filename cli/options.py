@@ -5,8 +5,11 @@
   ``--localizer`` takes a localiser (``localizer``); :func:`resolve_models` turns names into
   files for every command. ``--chips CHIPS`` / ``--fold K``: a chip store and one of its folds;
   ``--out``: where results go.
-- ``--json`` (print the result as JSON) and ``--quiet`` (no progress bars, warnings only) on
-  every command that reports.
+- ``--json`` (print the result as JSON, a switch) and ``--quiet`` (no progress bars, warnings
+  only) on every command that reports.
+- ``--seed N`` and ``--batch-size N``: one spelling and one help form, "what it is (default N)",
+  each command keeping its own default.
+- ``comma_list(kind)``: the argparse type of every comma-separated list (``--labels 10,20``).
 - ``--max-pixels``, ``--align``, ``--workers`` / ``--scheduler`` and the chip spec, each with
   one help text.
 """
@@ -14,6 +17,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
 from data_prep.engine import SCHEDULER_ENV
@@ -209,12 +214,91 @@ def add_output_args(
     parser.add_argument("--out", metavar=metavar, required=required, help=help)
 
 
+def add_json_switch(
+    parser: argparse.ArgumentParser, help: str = "print the result as JSON"
+) -> None:
+    """``--json``, a switch: the result as JSON on standard output instead of the table."""
+    parser.add_argument("--json", action="store_true", help=help)
+
+
 def add_report_args(parser: argparse.ArgumentParser, json: bool = True, quiet: bool = True) -> None:
     """``--json`` (the result as JSON on standard output) and ``--quiet`` (no progress bars;
     only warnings and errors on standard error)."""
     if json:
-        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+        add_json_switch(parser)
     if quiet:
         parser.add_argument(
             "--quiet", action="store_true", help="no progress bars; only warnings and errors"
         )
+
+
+def _with_default(help: str) -> str:
+    """``help`` followed by the option's default, as every shared option says it."""
+    return help.replace("%", "%%") + " (default %(default)s)"
+
+
+def add_seed_arg(
+    parser: argparse.ArgumentParser, default: int = 0, help: str = "random seed"
+) -> None:
+    """``--seed N``; ``help`` says what it seeds, the default is appended."""
+    parser.add_argument("--seed", type=int, default=default, help=_with_default(help))
+
+
+def add_batch_size_arg(
+    parser: argparse.ArgumentParser,
+    default: int,
+    help: str,
+    kind: Callable[[str], int] = int,
+    metavar: str | None = "N",
+) -> None:
+    """``--batch-size N``; ``help`` says what a batch holds, the default is appended; ``kind``
+    checks the value (e.g. positive only), ``metavar`` None keeps argparse's own name."""
+    parser.add_argument(
+        "--batch-size", type=kind, default=default, metavar=metavar, help=_with_default(help)
+    )
+
+
+T = TypeVar("T")
+
+
+def comma_list(
+    kind: Callable[[str], T] = str,
+    what: str = "values",
+    example: str = "a,b",
+    at_least: float | None = None,
+    choices: Sequence[str] | None = None,
+    spaces: bool = False,
+    empty: Sequence[T] | None = None,
+) -> Callable[[str], list[T]]:
+    """The argparse type of a comma-separated list, e.g. ``type=comma_list(int, "counts")``.
+
+    Items are stripped and blank ones skipped (``10, 20,`` is ``[10, 20]``); with ``spaces``,
+    spaces separate items too (``"10 20"``). Each item goes through ``kind``: a ``ValueError``
+    is reported as "give comma-separated WHAT, e.g. EXAMPLE", an ``ArgumentTypeError`` as it
+    is. ``at_least`` is the smallest value allowed, ``choices`` the items allowed; a list with
+    no item gives ``empty`` as a list, or is refused when ``empty`` is None.
+    """
+
+    def parse(text: str) -> list[T]:
+        parts = text.replace(",", " ").split() if spaces else text.split(",")
+        items = [part.strip() for part in parts if part.strip()]
+        wrong = f"give comma-separated {what}, e.g. {example}; got {text!r}"
+        if choices is not None and any(item not in choices for item in items):
+            raise argparse.ArgumentTypeError(
+                f"give comma-separated {what} of {', '.join(choices)}; got {text!r}"
+            )
+        try:
+            values = [kind(item) for item in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(wrong) from None
+        if not values:
+            if empty is None:
+                raise argparse.ArgumentTypeError(wrong)
+            return list(empty)
+        if at_least is not None and min(values) < at_least:  # type: ignore[operator]
+            raise argparse.ArgumentTypeError(
+                f"{what} must each be at least {at_least:g}, got {text!r}"
+            )
+        return values
+
+    return parse

@@ -18,7 +18,9 @@ from app.web.sessions import AppError
 from bench.prepare import bench_prepare
 from cli.options import (
     add_engine_arguments,
+    add_json_switch,
     add_report_args,
+    add_seed_arg,
     add_spec_args,
     add_xbd_args,
     align_argument,
@@ -240,7 +242,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="--by block: tiles whose centres lie within KM of each other share a block "
         "(default 1.0; xBD tiles are about 0.5 km wide)",
     )
-    split.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_seed_arg(split)
     split.add_argument(
         "--stratify",
         choices=("class", "event"),
@@ -278,6 +280,6 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="runs of each measurement, alternating; the fastest counts (default 3)",
     )
-    bp.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_json_switch(bp, help="print the figures as JSON")
     add_report_args(bp, json=False)
     bp.set_defaults(func=_run_bench_prepare)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cli.options import add_report_args
+from cli.options import add_batch_size_arg, add_report_args, add_seed_arg
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -59,10 +59,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--input-size", type=int, default=64, help="view side the crops are resized to (64)"
     )
-    p.add_argument("--batch-size", type=int, default=32, help="view pairs per step (32)")
+    add_batch_size_arg(p, 32, "view pairs per step", metavar=None)
     p.add_argument("--steps", type=int, default=1000, help="optimiser steps (1000)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (0.001)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    add_seed_arg(p)
     p.add_argument(
         "--device",
         default="auto",

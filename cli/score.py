@@ -21,6 +21,7 @@ from app.web.users import Users
 from cli.adapt import finetune_model
 from cli.options import (
     LOCALIZER_CHOICE,
+    add_batch_size_arg,
     add_engine_arguments,
     add_localizer_args,
     add_model_args,
@@ -62,13 +63,7 @@ def _positive(text: str) -> int:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
-    parser.add_argument(
-        "--batch-size",
-        type=_positive,
-        default=BATCH_SIZE,
-        metavar="N",
-        help=f"chips per inference batch (default {BATCH_SIZE})",
-    )
+    add_batch_size_arg(parser, BATCH_SIZE, "chips per inference batch", kind=_positive)
     parser.add_argument(
         "--block-size",
         type=_positive,

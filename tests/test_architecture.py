@@ -21,8 +21,9 @@ ALLOWED = {
     "cli": {"cli", "bench", "app", "local_damage", "runtime", "data_prep"},
     "bench": {"bench", "app", "local_damage", "runtime", "data_prep"},
 }
-#: Single modules a package may import beyond ALLOWED: benchmarks build their parsers with the
-#: shared option helpers of the console script.
+#: Single modules a package may import beyond ALLOWED. The one exception left: bench/fewshot.py
+#: still builds its own parser with cli.options until that parser moves to cli/ (every other
+#: benchmark's parser is in cli/bench_speed.py or cli/bench_checks.py, and bench imports no cli).
 ALSO = {"bench": ("cli.options",)}
 #: Packages a scoring machine runs without PyTorch.
 TORCH_FREE = ("data_prep", "runtime", "app")

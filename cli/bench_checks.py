@@ -1,0 +1,199 @@
+"""The parsers of the benchmarks that check behaviour rather than speed: `local-damage bench
+flags`, `alignment`, `adapt` and `new-tile`.
+
+Each benchmark's measurement and its ``run(args)`` live in :mod:`bench`; only the command line is
+defined here, with the shared options of :mod:`cli.options`, so that :mod:`bench` never imports
+:mod:`cli`. The defaults the parsers show are the benchmark modules' own constants.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench import adapt as bench_adapt
+from bench import alignment as bench_alignment
+from bench import flags as bench_flags
+from bench import newtile as bench_newtile
+from cli.options import (
+    MODEL_CHOICE,
+    add_json_switch,
+    add_model_args,
+    add_report_args,
+    add_seed_arg,
+    comma_list,
+)
+from runtime.flags import MISALIGNED_CONTEXT_PX, MISALIGNED_PX
+
+
+def add_flags(bench_sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage bench flags``."""
+    p = bench_sub.add_parser(
+        "flags",
+        help="abstain flags: false alarms on real chips, detection on corrupted copies",
+        description=(
+            "Print the share of real chip pairs of a fold that get each abstain flag (false "
+            "alarms) and the share of corrupted copies that get the flag they should (black pre "
+            "or post -> blank, cloud overlay -> cloud, haze veil -> haze, shifted post -> "
+            "misaligned, another event's post -> ood). Seeded; no torch."
+        ),
+    )
+    add_model_args(p, help=f"model to flag with: {MODEL_CHOICE} (default: the bundled default)")
+    p.add_argument("--chips", required=True, metavar="CHIPS", help="chip store")
+    p.add_argument("--fold", type=int, metavar="K", help="fold of CHIPS/splits.csv (default all)")
+    shift = bench_flags.SHIFT_PX
+    p.add_argument(
+        "--shift",
+        type=float,
+        default=shift,
+        metavar="PX",
+        help=f"shift of the shifted-post case in chip pixels (default {shift:g})",
+    )
+    add_seed_arg(p, help="seed of the corruptions")
+    p.add_argument("--limit", type=int, metavar="N", help="use at most N pairs of the fold")
+    add_json_switch(p, help="print the figures as JSON")
+    add_report_args(p, json=False)
+    p.set_defaults(func=bench_flags.run)
+
+
+def add_alignment(bench_sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage bench alignment``."""
+    p = bench_sub.add_parser(
+        "alignment",
+        help="misaligned flag: false alarms on real xBD tiles, detection on shifted copies",
+        description=(
+            "For a fold of an xBD chip store: measure and correct each tile's post-to-pre shift "
+            "as `score --labels` does, then print the share of real buildings flagged "
+            "misaligned and the share flagged once the post imagery is moved by each shift, "
+            "for the measurement around each building (scoring) and on the chip pair alone "
+            "(chip mode). Seeded; no torch, no model."
+        ),
+    )
+    p.add_argument("--chips", required=True, metavar="CHIPS", help="xBD chip store")
+    p.add_argument(
+        "--fold",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="K",
+        help="fold, or several folds measured together (default 1)",
+    )
+    p.add_argument(
+        "--context-shifts",
+        type=float,
+        nargs="+",
+        default=[4.0, 8.0, 12.0, 16.0],
+        metavar="PX",
+        help="post image shifts in source pixels (default 4 8 12 16)",
+    )
+    p.add_argument(
+        "--context-limit",
+        type=float,
+        default=MISALIGNED_CONTEXT_PX,
+        metavar="PX",
+        help="misaligned above this residual shift around the building, in source pixels "
+        f"(default {MISALIGNED_CONTEXT_PX:g})",
+    )
+    p.add_argument(
+        "--shifts",
+        type=float,
+        nargs="+",
+        default=[4.0, 8.0, 16.0],
+        metavar="PX",
+        help="post chip shifts in chip pixels (default 4 8 16)",
+    )
+    p.add_argument(
+        "--limit",
+        type=float,
+        default=MISALIGNED_PX,
+        metavar="PX",
+        help=f"misaligned above this residual shift of a chip pair, in chip pixels "
+        f"(default {MISALIGNED_PX:g})",
+    )
+    add_seed_arg(p, help="seed of the shift directions")
+    add_json_switch(p, help="print the figures as JSON")
+    add_report_args(p, json=False)
+    p.set_defaults(func=bench_alignment.run)
+
+
+def add_adapt(bench_sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage bench adapt``."""
+    p = bench_sub.add_parser(
+        "adapt",
+        help="seconds to adapt a model to 10-50 labels and to every label of a store",
+        description=(
+            "Adapt a model, as `local-damage adapt` does, to random draws of N labelled "
+            "buildings of a chip store for each N of --labels, and to all of them (the "
+            "baseline); print the seconds of the fit (every head cross-validated, the chosen "
+            "one fitted on all), of the embedding pass and of both, with the fit's ratio to "
+            "the baseline. Libraries are loaded by one untimed adaptation first. No torch."
+        ),
+    )
+    add_model_args(p)
+    p.add_argument("--chips", required=True, metavar="CHIPS", help="labelled chip store")
+    p.add_argument("--fold", type=int, metavar="K", help="only fold K of CHIPS/splits.csv")
+    p.add_argument("--event", metavar="NAME", help="only the buildings of this event")
+    labels = bench_adapt.LABELS
+    p.add_argument(
+        "--labels",
+        type=comma_list(int, "counts", "10,20", at_least=2),
+        default=list(labels),
+        metavar="N,N",
+        help=f"label counts to draw (default {','.join(map(str, labels))})",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, metavar="R", help="draws per count (default 3)"
+    )
+    add_seed_arg(p, help="seed of the first draw")
+    add_json_switch(p, help="print the figures as JSON")
+    add_report_args(p, json=False)
+    p.set_defaults(func=bench_adapt.run)
+
+
+def add_new_tile(bench_sub: argparse._SubParsersAction) -> None:
+    """Register ``local-damage bench new-tile``."""
+    p = bench_sub.add_parser(
+        "new-tile",
+        help="a new tile of a known event: adapt to k of its buildings, grade the rest; how "
+        "often adapting made it worse",
+        description=(
+            "For each k, draw tiles the model did not train on from the chip stores, label k of "
+            "a tile's buildings at random, adapt the model to them (--arms: heads as `adapt`, "
+            "finetune as `adapt --finetune`, semi as `adapt --semi`), grade the rest of the tile, "
+            "and print the mean macro-F1 of the base and adapted models and the share of draws "
+            "where adapting lost more than 0.01 macro-F1. See docs/experiments/fewshot.md."
+        ),
+    )
+    add_model_args(p, help="base model (default: the bundled model)")
+    p.add_argument(
+        "--chips", action="append", required=True, metavar="CHIPS", help="chip store (repeatable)"
+    )
+    p.add_argument(
+        "--k",
+        type=comma_list(int, "numbers of labels", "5,20", at_least=2, spaces=True),
+        default=list(bench_newtile.K),
+        metavar="K,K",
+        help="labels (default 5,10,20,50)",
+    )
+    p.add_argument("--draws", type=int, default=50, metavar="N", help="draws per k (default 50)")
+    add_seed_arg(p, help="seed of the draws")
+    p.add_argument(
+        "--min-eval", type=int, default=20, metavar="N", help="buildings left to grade (default 20)"
+    )
+    p.add_argument(
+        "--arms",
+        type=comma_list(str, "arms", "heads,semi", choices=bench_newtile.ARMS),
+        default=["heads"],
+        metavar="LIST",
+        help="heads,finetune,semi",
+    )
+    p.add_argument(
+        "--tune-draws",
+        type=int,
+        metavar="N",
+        help="draws per k for the finetune and semi arms (default: --draws; each takes tens "
+        "of seconds)",
+    )
+    p.add_argument("--out", metavar="JSON", help="also write every draw here")
+    p.add_argument("--plot", metavar="PNG", help="also plot the gain and the share made worse")
+    add_report_args(p)
+    p.set_defaults(func=bench_newtile.run)
