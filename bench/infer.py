@@ -31,6 +31,7 @@ import numpy as np
 
 from data_prep.store import read_manifest
 from data_prep.synthetic import make_xbd
+from data_prep.text_table import Column, text_table
 from data_prep.xbd import prepare_xbd
 from local_damage.train.errors import RunFileNotFoundError
 from runtime.contract import CPU_ONLY, open_session
@@ -269,6 +270,18 @@ def _row(
     }
 
 
+#: The table's columns, over the rows of :func:`bench_infer`.
+_COLUMNS = [
+    Column("encoder", "encoder", align="<", width=10),
+    Column("runtime", "runtime", align="<", width=28),
+    Column("threads", "threads", "!s", width=7),
+    Column("pairs/s", "pairs_per_s", ".1f", width=9),
+    Column("x eager", "ratio_vs_eager", ".2f", width=8),
+    Column("agreement", "agreement_vs_eager", ".2%", width=9),
+    Column("max |dlogit|", "max_abs_logit_diff_vs_eager", ".3g", width=12),
+]
+
+
 def format_table(figures: dict[str, Any]) -> str:
     """The figures of :func:`bench_infer` as a plain-text table."""
     c = figures["context"]
@@ -277,15 +290,8 @@ def format_table(figures: dict[str, Any]) -> str:
         f"{c['batch_size']}; torch {c['torch']} ({c['torch_threads']} threads), onnxruntime "
         f"{c['onnxruntime']}; {c['cpu_count']} CPUs, device {c['device']}; best of "
         f"{c['repeat']} pass(es)",
-        f"{'encoder':<10} {'runtime':<28} {'threads':>7} {'pairs/s':>9} {'x eager':>8} "
-        f"{'agreement':>9} {'max |dlogit|':>12}",
+        *text_table(_COLUMNS, figures["rows"], " "),
     ]
-    for r in figures["rows"]:
-        lines.append(
-            f"{r['encoder']:<10} {r['runtime']:<28} {r['threads']!s:>7} {r['pairs_per_s']:>9.1f} "
-            f"{r['ratio_vs_eager']:>8.2f} {r['agreement_vs_eager']:>9.2%} "
-            f"{r['max_abs_logit_diff_vs_eager']:>12.3g}"
-        )
     note = (
         "x eager = pairs/s over PyTorch eager fp32 of the same encoder in this run; agreement = "
         "share of pairs with the same predicted class as eager"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from data_prep.engine import open_client
 from data_prep.spec import ChipSpec
+from data_prep.text_table import Column, text_table
 from data_prep.xbd import prepare_xbd, run_tiles, worker_setup
 from data_prep.xbd_tiles import find_tiles, read_tile_image
 
@@ -212,6 +213,17 @@ def bench_prepare(
     return figures
 
 
+#: The table's columns, over the results of ``bench_prepare``.
+_COLUMNS = [
+    Column("workers", "workers", width=7),
+    Column("decode-only bldg/s", "decode_buildings_per_s", ".1f", width=18),
+    Column("extraction bldg/s", "extract_buildings_per_s", ".1f", width=17),
+    Column("ratio", "ratio", ".2f", width=5),
+    Column("speedup", "speedup", ".2f", width=7),
+    Column("cpu ratio", "cpu_ratio", ".2f", width=9),
+]
+
+
 def format_table(figures: dict) -> str:
     """The figures of ``bench_prepare`` as a plain-text table."""
     spec = figures["spec"]
@@ -220,15 +232,8 @@ def format_table(figures: dict) -> str:
         f"{figures['buildings']} buildings; chip {spec['chip_size']} px, context {spec['context']}, "
         f"min {spec['min_size']} px; reader {figures['reader']}; {figures['cpu_count']} CPUs; "
         f"best of {figures['repeat']} run(s)",
-        f"{'workers':>7}  {'decode-only bldg/s':>18}  {'extraction bldg/s':>17}  {'ratio':>5}  "
-        f"{'speedup':>7}  {'cpu ratio':>9}",
+        *text_table(_COLUMNS, figures["results"], "  "),
     ]
-    for r in figures["results"]:
-        lines.append(
-            f"{r['workers']:>7}  {r['decode_buildings_per_s']:>18.1f}  "
-            f"{r['extract_buildings_per_s']:>17.1f}  {r['ratio']:>5.2f}  {r['speedup']:>7.2f}  "
-            f"{r['cpu_ratio']:>9.2f}"
-        )
     lines.append(
         f"ratio = extraction rate / decode-only rate at the same worker count (target >= "
         f"{TARGET_RATIO:.2f} on one worker); speedup = extraction rate / that of one worker "

@@ -37,6 +37,7 @@ from data_prep.engine import EngineError, open_client
 from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_scene
+from data_prep.text_table import Column, text_table
 from runtime.contract import ModelError
 from runtime.predictor import Predictor
 from runtime.registry import default_model
@@ -141,21 +142,26 @@ def bench_score(
     }
 
 
+#: The table's columns, over the rows of :func:`bench_score`.
+_COLUMNS = [
+    Column("workers", "workers", width=7),
+    Column("where", "where", align="<", width=21),
+    Column("start s", "startup_s", ".2f", width=7),
+    Column("batch s", "seconds", ".2f", width=8),
+    Column("scenes/s", "scenes_per_s", ".2f", width=8),
+    Column("bldg/s", "buildings_per_s", ".1f", width=8),
+    Column("ratio", "buildings_ratio", ".2f", width=5),
+]
+
+
 def format_table(figures: dict[str, Any]) -> str:
     """The figures as a table, ratios against the baseline worker count."""
     lines = [
         f"score-batch: {figures['scenes']} scenes, {figures['buildings']} buildings, "
         f"model {figures['model']}",
         f"machine: {figures['cpu_count']} CPU cores, load average {figures['load_average']}",
-        f"{'workers':>7}  {'where':<21}  {'start s':>7}  {'batch s':>8}  {'scenes/s':>8}  "
-        f"{'bldg/s':>8}  {'ratio':>5}",
+        *text_table(_COLUMNS, figures["rows"], "  "),
     ]
-    for r in figures["rows"]:
-        lines.append(
-            f"{r['workers']:>7}  {r['where']:<21}  {r['startup_s']:>7.2f}  {r['seconds']:>8.2f}  "
-            f"{r['scenes_per_s']:>8.2f}  {r['buildings_per_s']:>8.1f}  "
-            f"{r['buildings_ratio']:>5.2f}"
-        )
     lines.append(
         f"ratio: buildings/s against {figures['baseline_workers']} worker(s) in the same run; "
         "start s: cluster start-up and model loads (not in batch s)"

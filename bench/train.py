@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.train_scale import run_scale
 from data_prep.errors import UsageError
+from data_prep.text_table import Column, text_table
 
 if TYPE_CHECKING:
     import torch
@@ -437,51 +438,45 @@ def _check_device(device: str) -> None:
 # --------------------------------------------------------------------------- output
 
 
-def _columns(cuda: bool) -> list[tuple[str, int, Callable[[dict[str, Any]], str]]]:
-    def target(r: dict[str, Any]) -> str:
-        return "-" if r["meets_target"] is None else ("yes" if r["meets_target"] else "no")
+def _target(r: dict[str, Any]) -> str:
+    return "-" if r["meets_target"] is None else ("yes" if r["meets_target"] else "no")
 
-    cols: list[tuple[str, int, Callable[[dict[str, Any]], str]]] = [
-        ("encoder", 9, lambda r: r["encoder"]),
-        ("size", 5, lambda r: str(r["size"])),
-        ("batch", 5, lambda r: str(r["batch"])),
-        ("config", 10, lambda r: r["config"]),
-        ("s/step", 8, lambda r: f"{r['step_s']:.3f}"),
-        ("pairs/s", 8, lambda r: f"{r['pairs_per_s']:.2f}"),
-        ("MiB/pair", 9, lambda r: f"{r['mib_per_pair']:.1f}"),
+
+def _columns(cuda: bool) -> list[Column]:
+    cols = [
+        Column("encoder", "encoder", align="<", width=9),
+        Column("size", "size", "!s", width=5),
+        Column("batch", "batch", "!s", width=5),
+        Column("config", "config", width=10),
+        Column("s/step", "step_s", ".3f", width=8),
+        Column("pairs/s", "pairs_per_s", ".2f", width=8),
+        Column("MiB/pair", "mib_per_pair", ".1f", width=9),
     ]
     if cuda:
-        cols.append(("peak MiB", 9, lambda r: f"{r['peak_mib']:.0f}"))
+        cols.append(Column("peak MiB", "peak_mib", ".0f", width=9))
     cols += [
-        ("mem ratio", 9, lambda r: f"{r['mem_ratio']:.3f}"),
-        ("time ratio", 10, lambda r: f"{r['time_ratio']:.2f}"),
-        ("<=1/3", 5, target),
+        Column("mem ratio", "mem_ratio", ".3f", width=9),
+        Column("time ratio", "time_ratio", ".2f", width=10),
+        Column("<=1/3", _target, width=5),
     ]
     return cols
 
 
-def _line(values: Sequence[str], widths: Sequence[int]) -> str:
-    first, *rest = zip(values, widths, strict=True)
-    return "  ".join([first[0].ljust(first[1])] + [v.rjust(w) for v, w in rest])
-
-
 def format_header(device: str, threads: int, steps: int) -> str:
     """The title and column header of the table."""
-    cols = _columns(device == "cuda")
     title = (
         f"LOCAL training step on {device} ({threads} threads), mean of {steps} timed step(s) "
         "after 1 warm-up; memory = bytes saved for backward (unique storages) per pair; "
         "ratios = optimised / naive"
     )
-    return title + "\n" + _line([c[0] for c in cols], [c[1] for c in cols])
+    return title + "\n" + text_table(_columns(device == "cuda"), [], "  ")[0]
 
 
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     """Table lines, one per record (columns as in :func:`format_header`)."""
     if not rows:
         return ""
-    cols = _columns(rows[0]["device"] == "cuda")
-    return "\n".join(_line([c[2](r) for c in cols], [c[1] for c in cols]) for r in rows)
+    return "\n".join(text_table(_columns(rows[0]["device"] == "cuda"), rows, "  ")[1:])
 
 
 def format_table(rows: Sequence[dict[str, Any]], steps: int) -> str:

@@ -47,6 +47,7 @@ from data_prep.imagery import read_rgb
 from data_prep.mosaic import SceneError
 from data_prep.split import load_splits
 from data_prep.store import write_json
+from data_prep.text_table import Column, text_table
 from data_prep.xbd_tiles import as_roots, find_tiles, roots_label
 from data_prep.xview2 import XView2Counts, xview2_targets
 from runtime.localizer import Localizer
@@ -438,9 +439,21 @@ def _overlap(trained: TrainingTiles, tiles: Sequence[str]) -> dict[str, Any]:
     return {**trained.to_dict(), "tiles_in_training": trained.among(tiles)}
 
 
-def _row(name: str, m: dict[str, Any]) -> str:
-    f1s = "".join(f"{d['f1']:>7.3f}" for d in m["damage"].values())
-    return f"{name:<52}{m['localization_f1']:>8.3f}{m['damage_f1']:>8.3f}{m['score']:>9.3f}{f1s}"
+def _class_f1(i: int) -> Column:
+    """The damage F1 of the ``i``-th class of a row's ``damage`` figures."""
+    name = ("no", "minor", "major", "destr")[i]
+    return Column(name, lambda r: list(r["damage"].values())[i]["f1"], ".3f", width=7)
+
+
+#: The table's columns, over a mode's figures with its row name; the published rows have the
+#: first four only.
+_COLUMNS = [
+    Column("footprints", "name", align="<", width=52),
+    Column("loc F1", "localization_f1", ".3f", width=8),
+    Column("dmg F1", "damage_f1", ".3f", width=8),
+    Column("overall", "score", ".3f", width=9),
+    *(_class_f1(i) for i in range(4)),
+]
 
 
 def format_table(metrics: dict[str, Any], published: bool = True) -> str:
@@ -451,11 +464,8 @@ def format_table(metrics: dict[str, Any], published: bool = True) -> str:
     printed only when some row is of held-out tiles alone, and the lines under the table say
     which rows they compare with; when the training tiles are unknown, the lines say so.
     """
-    head = (
-        f"{'footprints':<52}{'loc F1':>8}{'dmg F1':>8}{'overall':>9}"
-        f"{'no':>7}{'minor':>7}{'major':>7}{'destr':>7}"
-    )
-    lines, notes = [head], []
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     comparable, unknown = False, []
     for mode, m in metrics["modes"].items():
         overlap = (metrics.get("training_data") or {}).get(mode) or {}
@@ -464,13 +474,13 @@ def format_table(metrics: dict[str, Any], published: bool = True) -> str:
         if not overlap.get("known", False):
             unknown.append(f"{mode}: {overlap.get('source', 'no record of them')}")
             comparable = True
-            lines.append(_row(name, m))
+            rows.append({**m, "name": name})
         elif not inside:
             comparable = True
-            lines.append(_row(name, m))
+            rows.append({**m, "name": name})
             notes.append(f"{mode}: none of the {m['tiles']} tiles is {IN_TRAINING}")
         else:
-            lines.append(_row(name + " *", m))
+            rows.append({**m, "name": name + " *"})
             notes.append(
                 f"* {mode}: {len(inside)} of {m['tiles']} tiles {IN_TRAINING} "
                 f"({', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''})"
@@ -478,16 +488,23 @@ def format_table(metrics: dict[str, Any], published: bool = True) -> str:
             h = (metrics.get("held_out") or {}).get(mode)
             if h:
                 comparable = True
-                lines.append(
-                    _row(
-                        f"{mode}, held-out tiles only ({h['tiles']} tiles, "
+                rows.append(
+                    {
+                        **h,
+                        "name": f"{mode}, held-out tiles only ({h['tiles']} tiles, "
                         f"{h['graded']}/{h['buildings']} graded)",
-                        h,
-                    )
+                    }
                 )
+    lines = text_table(_COLUMNS, rows, "")
     if published and comparable:
-        for name, (lf1, df1, score) in PUBLISHED.items():
-            lines.append(f"{name:<52}{lf1:>8.3f}{df1:>8.3f}{score:>9.3f}")
+        lines += text_table(
+            _COLUMNS[:4],
+            [
+                {"name": name, "localization_f1": lf1, "damage_f1": df1, "score": score}
+                for name, (lf1, df1, score) in PUBLISHED.items()
+            ],
+            "",
+        )[1:]
     if notes:
         notes.append(
             f"{NOT_COMPARABLE}; "
