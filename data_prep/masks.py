@@ -31,6 +31,7 @@ from data_prep.errors import LocalDamageError
 from data_prep.imagery import read_rgb
 from data_prep.report import PrepareReport
 from data_prep.split import stratified_group_folds
+from data_prep.windows import outside_image
 from data_prep.xbd_tiles import find_tiles, parse_buildings, roots_label
 
 
@@ -201,8 +202,7 @@ def tile_folds(tiles: Sequence[MaskTile], folds: int = 5, seed: int = 14) -> dic
                 width, height = src.width, src.height
         _, buildings = parse_buildings(t.post_label, PrepareReport())
         for b in buildings:
-            minx, miny, maxx, maxy = b.bbox
-            if maxx <= 0 or maxy <= 0 or minx >= width or miny >= height:
+            if outside_image(b.bbox, height, width):
                 continue
             labels.append(b.label)
             groups.append(t.name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -16,6 +16,29 @@ class ChipWindow(NamedTuple):
     col_off: int
     row_off: int
     size: int
+
+
+class Footprint(Protocol):
+    """What :func:`building_window` needs of a building (e.g. the xBD
+    :class:`~data_prep.xbd_tiles.Building`): its centroid and bounds in pixel coordinates."""
+
+    @property
+    def centroid(self) -> tuple[float, float]:
+        """(x, y) footprint centroid (x = column, y = row)."""
+        ...
+
+    @property
+    def bbox(self) -> tuple[float, float, float, float]:
+        """(minx, miny, maxx, maxy) footprint bounds."""
+        ...
+
+
+class BuildingCut(NamedTuple):
+    """One building's window and its pre and post chips, as cut by :func:`cut_building`."""
+
+    window: ChipWindow
+    pre: np.ndarray
+    post: np.ndarray
 
 
 def chip_window(
@@ -120,12 +143,77 @@ def cut_chip(
 
 
 def cut_pair(
-    pre: np.ndarray, post: np.ndarray, window: ChipWindow, chip_size: int
+    pre: np.ndarray,
+    post: np.ndarray,
+    window: ChipWindow,
+    chip_size: int,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The pre and post chips of one building: the same ``window`` from both images, cut and
-    resampled by :func:`cut_chip`. Training, evaluation and every scoring path cut chips with
-    this function, so what a model sees in service is what it saw in training."""
-    return cut_chip(pre, window, chip_size), cut_chip(post, window, chip_size)
+    resampled by :func:`cut_chip` (into the two arrays of ``out`` when given). Training,
+    evaluation and every scoring path cut chips with this function, so what a model sees in
+    service is what it saw in training."""
+    pre_out, post_out = out if out is not None else (None, None)
+    return cut_chip(pre, window, chip_size, out=pre_out), cut_chip(
+        post, window, chip_size, out=post_out
+    )
+
+
+def outside_image(bbox: tuple[float, float, float, float], height: int, width: int) -> bool:
+    """Whether footprint bounds ``(minx, miny, maxx, maxy)`` lie entirely outside an image of
+    ``height`` x ``width`` pixels (touching its edge from outside counts as outside)."""
+    minx, miny, maxx, maxy = bbox
+    return maxx <= 0 or maxy <= 0 or minx >= width or miny >= height
+
+
+def building_window(
+    building: Footprint, spec: ChipSpec, height: int, width: int
+) -> ChipWindow | None:
+    """The chip window of one building of an image of ``height`` x ``width`` pixels.
+
+    Returns:
+        :func:`chip_window` of the building's centroid and bounds, or None when its bounds lie
+        entirely outside the image (:func:`outside_image`): a building the image does not cover.
+    """
+    if outside_image(building.bbox, height, width):
+        return None
+    return chip_window(building.centroid, building.bbox, spec)
+
+
+def cut_building(
+    pre: np.ndarray,
+    post: np.ndarray,
+    building: Footprint,
+    spec: ChipSpec,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    keep_outside: bool = False,
+) -> BuildingCut | None:
+    """Cut one building's chips from an aligned pre/post image pair: the building to a window
+    (:func:`building_window`), then the same window from both images (:func:`cut_pair`). Every
+    path that cuts the buildings of an xBD-style tile does it with this function.
+
+    Args:
+        pre, post: [H, W, 3] uint8 images of the same size.
+        building: anything with pixel ``centroid`` and ``bbox``, e.g. an xBD ``Building``.
+        spec: the chip specification.
+        out: two C-contiguous uint8 [chip_size, chip_size, 3] arrays to write the pre and post
+            chips into (e.g. rows of preallocated batches) instead of new ones.
+        keep_outside: cut the window even when the building lies entirely outside the images
+            (the chips are then mostly or wholly zero fill) instead of returning None.
+
+    Returns:
+        ``(window, pre_chip, post_chip)``, or None when the building lies entirely outside the
+        images and ``keep_outside`` is false.
+    """
+    if keep_outside:
+        window: ChipWindow | None = chip_window(building.centroid, building.bbox, spec)
+    else:
+        window = building_window(building, spec, *pre.shape[:2])
+    if window is None:
+        return None
+    pre_chip, post_chip = cut_pair(pre, post, window, spec.chip_size, out=out)
+    return BuildingCut(window, pre_chip, post_chip)
 
 
 def covered_fraction(window: ChipWindow, height: int, width: int) -> float:

@@ -2,8 +2,8 @@
 
 The tiles are found and their labels read by :mod:`data_prep.xbd_tiles`. Each tile's pre and
 post images are decoded once and every building is cut from the arrays
-(:func:`data_prep.windows.cut_chip`); tiles run as jobs on :mod:`data_prep.engine`, each writing
-its own shard pair and sidecar (:mod:`data_prep.xbd_resume`).
+(:func:`data_prep.windows.cut_building`); tiles run as jobs on :mod:`data_prep.engine`, each
+writing its own shard pair and sidecar (:mod:`data_prep.xbd_resume`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from data_prep.quality import blank_reasons
 from data_prep.report import PrepareReport
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import SHARDS, safe_name, start_store, write_json, write_manifest, write_shard
-from data_prep.windows import chip_window, cut_chip
+from data_prep.windows import cut_building
 from data_prep.xbd_resume import (
     SIDECAR,
     finished_tiles,
@@ -164,8 +164,9 @@ def cut_tile_rows(
     cut: list[tuple[Building, int | None, tuple[int, int, int] | str]] = []
     n = 0
     for b in buildings:
-        minx, miny, maxx, maxy = b.bbox
-        if maxx <= 0 or maxy <= 0 or minx >= width or miny >= height:
+        chips = cut_building(pre, post, b, spec, out=(pre_chips[n], post_chips[n]))
+        if chips is None:
+            minx, miny, maxx, maxy = b.bbox
             cut.append(
                 (
                     b,
@@ -175,9 +176,7 @@ def cut_tile_rows(
                 )
             )
             continue
-        window = chip_window(b.centroid, b.bbox, spec)
-        cut_chip(pre, window, size, out=pre_chips[n])
-        cut_chip(post, window, size, out=post_chips[n])
+        window = chips.window
         cut.append((b, n, (window.col_off, window.row_off, window.size)))
         n += 1
     blanks = blank_reasons(pre_chips[:n], post_chips[:n])

@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 from data_prep.spec import ChipSpec
 from data_prep.windows import (
     ChipWindow,
+    building_window,
     chip_window,
     covered_fraction,
     crop_boundless,
+    cut_building,
+    cut_pair,
     resize_chip,
     window_overlap,
 )
+from data_prep.xbd_tiles import Building
 
 coords = st.floats(min_value=-500, max_value=1500, allow_nan=False, allow_infinity=False)
 extents = st.floats(min_value=0, max_value=400, allow_nan=False, allow_infinity=False)
@@ -160,3 +164,65 @@ def test_resize_chip_close_to_area_resampling_on_imagery():
         chip = np.ascontiguousarray(base[:side, :side])
         area = cv2.resize(chip, (128, 128), interpolation=cv2.INTER_AREA).astype(float)
         assert np.abs(resize_chip(chip, 128).astype(float) - area).mean() < 2.0, side
+
+
+def _building(uid: str, bbox: tuple[float, float, float, float]) -> Building:
+    minx, miny, maxx, maxy = bbox
+    return Building(uid, 0, ((minx + maxx) / 2, (miny + maxy) / 2), bbox, None)
+
+
+# (name, bbox, covered) on a 40 x 50 (height x width) image
+BUILDINGS = [
+    ("inside", (10.0, 10.0, 20.0, 18.0), True),
+    ("large", (5.0, 5.0, 45.0, 35.0), True),  # window wider than the chip: shrinking path
+    ("left edge", (-5.0, 5.0, 4.0, 15.0), True),
+    ("bottom right corner", (45.0, 35.0, 55.0, 45.0), True),
+    ("left", (-6.0, 10.0, 0.0, 14.0), False),  # touches x = 0 from outside
+    ("top", (10.0, -9.5, 14.0, -0.5), False),
+    ("right", (50.0, 10.0, 56.0, 14.0), False),  # starts at x = width
+    ("bottom", (10.0, 41.0, 14.0, 45.0), False),
+]
+
+
+def test_cut_building_matches_window_and_cut_pair():
+    height, width = 40, 50
+    rng = np.random.default_rng(0)
+    pre = rng.integers(1, 256, (height, width, 3), dtype=np.uint8)
+    post = rng.integers(1, 256, (height, width, 3), dtype=np.uint8)
+    spec = ChipSpec(chip_size=16, context=2.0, min_size=8)
+    pre_rows = np.full((len(BUILDINGS), 16, 16, 3), 7, np.uint8)
+    post_rows = np.full_like(pre_rows, 7)
+    for i, (name, bbox, covered) in enumerate(BUILDINGS):
+        b = _building(name, bbox)
+        window = chip_window(b.centroid, b.bbox, spec)
+        expected = cut_pair(pre, post, window, spec.chip_size)
+        # outside or not, the window itself is the plain chip window
+        kept = cut_building(pre, post, b, spec, keep_outside=True)
+        assert kept is not None and kept.window == window, name
+        np.testing.assert_array_equal(kept.pre, expected[0], err_msg=name)
+        np.testing.assert_array_equal(kept.post, expected[1], err_msg=name)
+        out = (pre_rows[i], post_rows[i])
+        cut = cut_building(pre, post, b, spec, out=out)
+        if not covered:
+            assert building_window(b, spec, height, width) is None, name
+            assert cut_building(pre, post, b, spec) is None, name
+            assert cut is None and (pre_rows[i] == 7).all() and (post_rows[i] == 7).all(), name
+            continue
+        assert building_window(b, spec, height, width) == window, name
+        plain = cut_building(pre, post, b, spec)
+        assert plain is not None and cut is not None, name
+        for got in (plain, cut):
+            window_got, pre_chip, post_chip = got
+            assert window_got == window, name
+            assert pre_chip.shape == (16, 16, 3) and pre_chip.dtype == np.uint8, name
+            np.testing.assert_array_equal(pre_chip, expected[0], err_msg=name)
+            np.testing.assert_array_equal(post_chip, expected[1], err_msg=name)
+        # out= fills the given arrays (rows of a batch) and returns them
+        assert np.shares_memory(cut.pre, pre_rows[i]) and np.shares_memory(cut.post, post_rows[i])
+        np.testing.assert_array_equal(pre_rows[i], expected[0], err_msg=name)
+        np.testing.assert_array_equal(post_rows[i], expected[1], err_msg=name)
+    # the cases are what they say: the left-edge window starts left of the image, and the window
+    # of the building touching x = 0 from outside reaches into the image (the check is the bbox)
+    edge, touching = _building("", BUILDINGS[2][1]), _building("", BUILDINGS[4][1])
+    assert chip_window(edge.centroid, edge.bbox, spec).col_off < 0
+    assert covered_fraction(chip_window(touching.centroid, touching.bbox, spec), 40, 50) > 0

@@ -36,7 +36,7 @@ from data_prep.scene import CHIP, check_overlap, iter_building_chips, pixel_cent
 from data_prep.spec import ChipSpec
 from data_prep.split import fold_indices
 from data_prep.store import MANIFEST, ChipReader, read_manifest
-from data_prep.windows import chip_window, cut_pair
+from data_prep.windows import cut_building
 from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 
 #: Manifest columns a chip store must have to give labelled chips.
@@ -340,15 +340,13 @@ def from_xbd(
         raise LabelError(f"{post}: not the size of the pre image {pre}; xBD pairs are aligned")
     post_img, _ = align_images(pre_img, post_img, align)
     event = event or disaster or path.stem.replace("_post_disaster", "")
-    h, w = pre_img.shape[:2]
     rows = _xbd_rows(path)
     ids, labs, pres, posts, refs = [], [], [], [], []
     for b in buildings:
-        minx, miny, maxx, maxy = b.bbox
-        if maxx <= 0 or maxy <= 0 or minx >= w or miny >= h:
+        chips = cut_building(pre_img, post_img, b, spec)
+        if chips is None:
             continue
-        window = chip_window(b.centroid, b.bbox, spec)
-        a, c = cut_pair(pre_img, post_img, window, spec.chip_size)
+        _, a, c = chips
         if blank_reason(a, c):
             continue
         ids.append(f"{path.stem.replace('_post_disaster', '')}:{b.uid}")

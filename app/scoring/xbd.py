@@ -47,7 +47,7 @@ from data_prep.mosaic import SceneError
 from data_prep.quality import blank_reason
 from data_prep.report import PrepareReport, Skipped
 from data_prep.residual import image_context_residual
-from data_prep.windows import chip_window, cut_pair
+from data_prep.windows import cut_building
 from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 
 if TYPE_CHECKING:
@@ -104,8 +104,9 @@ def score_xbd(
 
     Buildings come from the label's ``features.xy`` pixel polygons (parsed by
     :func:`data_prep.xbd_tiles.parse_buildings`; damage subtypes, if any, are ignored and carried over
-    as attributes). Chips are cut as ``prepare xbd`` cuts them (:func:`data_prep.windows.chip_window`,
-    boundless crop, :func:`data_prep.windows.resize_chip`).
+    as attributes). Chips are cut as ``prepare xbd`` cuts them
+    (:func:`data_prep.windows.cut_building`: :func:`~data_prep.windows.chip_window`, boundless
+    crop, :func:`~data_prep.windows.resize_chip`).
 
     Geometries: GeoJSON gets each building's ``features.lng_lat`` polygon (or, when missing and
     the pre image is georeferenced, the pixel polygon through the image's transform; otherwise a
@@ -212,12 +213,11 @@ def score_xbd(
             report.skipped.append(Skipped(item, reason))
             continue
         used.add(uid)
-        minx, miny, maxx, maxy = b.bbox
-        if maxx <= 0 or maxy <= 0 or minx >= width or miny >= height:
+        chips = cut_building(pre_img, post_img, b, spec)
+        if chips is None:
             scores.status[row] = NOT_COVERED
             continue
-        window = chip_window(b.centroid, b.bbox, spec)
-        pre_chip, post_chip = cut_pair(pre_img, post_img, window, spec.chip_size)
+        window, pre_chip, post_chip = chips
         blank = blank_reason(pre_chip, post_chip)
         if blank:
             scores.skip(row, blank)

@@ -41,7 +41,7 @@ from data_prep.mosaic import SceneError, open_scene
 from data_prep.quality import BLANK, MAX_PIXELS_ENV, max_pixels
 from data_prep.report import PrepareReport
 from data_prep.store import atomic_path, safe_name
-from data_prep.windows import chip_window, cut_chip, resize_chip
+from data_prep.windows import chip_window, cut_building, resize_chip
 from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 from runtime.contract import ModelError
 from runtime.localizer import Localizer
@@ -527,12 +527,10 @@ def building_chips(
         match = [b for b in buildings if b.uid == uid]
         if not match:
             raise AppError(f"building #{row} (uid {uid}) has no usable polygon")
-        window = chip_window(match[0].centroid, match[0].bbox, spec)
-        chips = [
-            cut_chip(image, window, spec.chip_size)
-            for image in read_tile_pair(info["pre"], info["post"])
-        ]
-        return chips[0], chips[1]
+        pre_img, post_img = read_tile_pair(info["pre"], info["post"])
+        # a building the tile does not cover still shows its window (zero fill past the edge)
+        _, pre, post = cut_building(pre_img, post_img, match[0], spec, keep_outside=True)
+        return pre, post
     import shapely
 
     with open_scene([info["pre"]], [info["post"]]) as scene:

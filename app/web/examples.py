@@ -9,7 +9,7 @@ from pathlib import Path
 from data_prep.report import PrepareReport
 from data_prep.spec import ChipSpec
 from data_prep.synthetic import make_xbd, tile_name
-from data_prep.windows import chip_window, cut_chip
+from data_prep.windows import cut_building
 from data_prep.xbd_tiles import parse_buildings, read_tile_image
 
 
@@ -29,16 +29,17 @@ def make_examples(folder: str | os.PathLike, seed: int = 0) -> dict[str, list[li
     label = folder / "labels" / f"{name}_post_disaster.json"
     _, buildings = parse_buildings(label, PrepareReport())
     spec = ChipSpec()
-    images = [read_tile_image(pre), read_tile_image(post)]
+    pre_img, post_img = read_tile_image(pre), read_tile_image(post)
     chips = []
     for wanted in (0, 3):  # an intact and a destroyed building
         b = next((b for b in buildings if b.label == wanted), None)
         if b is None:
             continue
-        window = chip_window(b.centroid, b.bbox, spec)
+        cut = cut_building(pre_img, post_img, b, spec)
+        if cut is None:  # not on the tile (synthetic buildings always are)
+            continue
         pair = []
-        for phase, image in zip(("pre", "post"), images, strict=True):
-            chip = cut_chip(image, window, spec.chip_size)
+        for phase, chip in zip(("pre", "post"), (cut.pre, cut.post), strict=True):
             path = folder / "chips" / f"{b.uid[:8]}_{phase}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(path), cv2.cvtColor(chip, cv2.COLOR_RGB2BGR))
