@@ -1,5 +1,5 @@
 """The parsers of the benchmarks that check behaviour rather than speed: `local-damage bench
-flags`, `alignment`, `adapt` and `new-tile`.
+flags`, `alignment` and `adapt`.
 
 Each benchmark's measurement and its ``run(args)`` live in :mod:`bench`; only the command line is
 defined here, with the shared options of :mod:`cli.options`, so that :mod:`bench` never imports
@@ -13,7 +13,6 @@ import argparse
 from bench import adapt as bench_adapt
 from bench import alignment as bench_alignment
 from bench import flags as bench_flags
-from bench import newtile as bench_newtile
 from cli.options import (
     MODEL_CHOICE,
     add_json_switch,
@@ -147,53 +146,3 @@ def add_adapt(bench_sub: argparse._SubParsersAction) -> None:
     add_json_switch(p, help="print the figures as JSON")
     add_report_args(p, json=False)
     p.set_defaults(func=bench_adapt.run)
-
-
-def add_new_tile(bench_sub: argparse._SubParsersAction) -> None:
-    """Register ``local-damage bench new-tile``."""
-    p = bench_sub.add_parser(
-        "new-tile",
-        help="a new tile of a known event: adapt to k of its buildings, grade the rest; how "
-        "often adapting made it worse",
-        description=(
-            "For each k, draw tiles the model did not train on from the chip stores, label k of "
-            "a tile's buildings at random, adapt the model to them (--arms: heads as `adapt`, "
-            "finetune as `adapt --finetune`, semi as `adapt --semi`), grade the rest of the tile, "
-            "and print the mean macro-F1 of the base and adapted models and the share of draws "
-            "where adapting lost more than 0.01 macro-F1. See docs/experiments/fewshot.md."
-        ),
-    )
-    add_model_args(p, help="base model (default: the bundled model)")
-    p.add_argument(
-        "--chips", action="append", required=True, metavar="CHIPS", help="chip store (repeatable)"
-    )
-    p.add_argument(
-        "--k",
-        type=comma_list(int, "numbers of labels", "5,20", at_least=2, spaces=True),
-        default=list(bench_newtile.K),
-        metavar="K,K",
-        help="labels (default 5,10,20,50)",
-    )
-    p.add_argument("--draws", type=int, default=50, metavar="N", help="draws per k (default 50)")
-    add_seed_arg(p, help="seed of the draws")
-    p.add_argument(
-        "--min-eval", type=int, default=20, metavar="N", help="buildings left to grade (default 20)"
-    )
-    p.add_argument(
-        "--arms",
-        type=comma_list(str, "arms", "heads,semi", choices=bench_newtile.ARMS),
-        default=["heads"],
-        metavar="LIST",
-        help="heads,finetune,semi",
-    )
-    p.add_argument(
-        "--tune-draws",
-        type=int,
-        metavar="N",
-        help="draws per k for the finetune and semi arms (default: --draws; each takes tens "
-        "of seconds)",
-    )
-    p.add_argument("--out", metavar="JSON", help="also write every draw here")
-    p.add_argument("--plot", metavar="PNG", help="also plot the gain and the share made worse")
-    add_report_args(p)
-    p.set_defaults(func=bench_newtile.run)

@@ -16,9 +16,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from bench import fewshot as bench_fewshot
 from cli import adapt as adapt_cli
-from cli import bench_checks, bench_speed
+from cli import bench_checks, bench_speed, studies
 from cli import calibrate as calibrate_cli
 from cli import cv as cv_cli
 from cli import evaluate as evaluate_cli
@@ -66,14 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     prepare_cli.register_bench(bench_sub)
     bench_speed.add_train(bench_sub)
     bench_speed.add_infer(bench_sub)
-    bench_fewshot.add_parser(bench_sub)  # the last parser kept in bench (moves to cli later)
+    studies.add_fewshot(bench_sub)
     bench_checks.add_flags(bench_sub)
     bench_checks.add_alignment(bench_sub)
     bench_speed.add_score(bench_sub)
     bench_speed.add_city(bench_sub)
     bench_checks.add_adapt(bench_sub)
     bench_speed.add_map(bench_sub)
-    bench_checks.add_new_tile(bench_sub)
+    studies.add_new_tile(bench_sub)
     bench_speed.add_app(bench_sub)
     return parser
 

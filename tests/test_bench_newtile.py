@@ -9,9 +9,9 @@ from tests.conftest import run_cli
 
 
 def test_draws_leave_out_training_tiles_and_count_the_draws_made_worse(score_model, capsys):
-    from bench.newtile import WORSE, bench_new_tile, tiles_of
     from runtime.predictor import Predictor
     from runtime.training_tiles import training_tiles
+    from studies.newtile import WORSE, bench_new_tile, tiles_of
 
     chips = score_model.parent / "chips"
     result = bench_new_tile(score_model, [str(chips)], ks=(2, 4), draws=6, min_eval=2)

@@ -93,6 +93,7 @@ def _load(out: Path) -> dict:
 # the report
 
 
+@pytest.mark.slow
 def test_report_writes_every_measurement_the_tables_and_the_plot(report, chips):
     results = _load(report)
     assert sorted(results["events"]) == list(EVENTS)
@@ -178,6 +179,7 @@ def test_report_writes_every_measurement_the_tables_and_the_plot(report, chips):
     assert not [p.name for p in report.iterdir() if p.name.startswith(".")]  # no temporaries
 
 
+@pytest.mark.slow
 def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     """The report's figures of an adapted head equal those of the model `adapt` writes for the
     same labels, and the suggested labels come in rounds: the first ranked with the base model,
@@ -249,6 +251,7 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     assert checked >= 12  # the second round was checked too
 
 
+@pytest.mark.slow
 def test_rerun_reuses_the_base_runs(copy, chips, capsys):
     runs = {e: copy / e / "base" / "best.safetensors" for e in EVENTS}
     models = {e: copy / e / "base.onnx" for e in EVENTS}
@@ -271,12 +274,14 @@ def test_rerun_reuses_the_base_runs(copy, chips, capsys):
     assert _load(copy)["measurements"] == results["measurements"]
 
 
+@pytest.mark.slow
 def test_k_zero_alone_measures_the_base_model(copy, chips):
     assert run_cli(*report_args(chips, copy, ks=(0,), repeats=1)) == 0
     rows = _load(copy)["measurements"]
     assert {r["k"] for r in rows} == {0} and {r["model"] for r in rows} == {"base"}
 
 
+@pytest.mark.slow
 def test_an_event_too_small_is_skipped_and_listed(copy, chips, capsys):
     sizes = {e: len(_labelled(chips, e)) for e in EVENTS}
     small, large = sorted(EVENTS, key=sizes.get)
@@ -346,6 +351,7 @@ def test_bad_input_is_a_clear_error(case, message, chips, tmp_path, capsys):
     assert not out.exists()  # nothing trained, nothing written
 
 
+@pytest.mark.slow
 def test_a_base_folder_of_another_config_is_refused(copy, chips, capsys):
     assert run_cli(*report_args(chips, copy), "--set", "train.epochs=2") == 2
     err = capsys.readouterr().err
@@ -355,8 +361,8 @@ def test_a_base_folder_of_another_config_is_refused(copy, chips, capsys):
 def test_area_draws_keep_every_block_on_one_side():
     """`--draw area`: the pool is whole spatial blocks (at least n_pool buildings), the graded
     buildings the other blocks; an event of one block cannot be split."""
-    from bench.fewshot_measure import area_split
-    from bench.fewshot_settings import FewShotError
+    from studies.fewshot_measure import area_split
+    from studies.fewshot_settings import FewShotError
 
     blocks = np.repeat(np.array(["a", "b", "c", "d", "e"]), [10, 30, 5, 20, 15])
     rng = np.random.default_rng(3)

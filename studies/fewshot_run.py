@@ -1,4 +1,4 @@
-"""The leave-one-event-out few-shot report (see :mod:`bench.fewshot`): every held-out event's
+"""The leave-one-event-out few-shot report (see :mod:`studies.fewshot`): every held-out event's
 base model and measurements, then the tables, plot and goal checks."""
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from typing import Any
 from tqdm import tqdm
 
 from app.adapt.model import sha256
-from bench import fewshot_report as report
-from bench.fewshot_base import prepare_base
-from bench.fewshot_measure import measure_event
-from bench.fewshot_settings import (
+from data_prep.store import atomic_path, safe_name, write_json
+from local_damage.config import ConfigError, load_yaml
+from local_damage.train.config import Config
+from studies import fewshot_report as report
+from studies.fewshot_base import prepare_base
+from studies.fewshot_measure import measure_event
+from studies.fewshot_settings import (
     DEFAULT_CONFIG,
     DEFAULT_K,
     EVENT_JSON,
@@ -30,9 +33,6 @@ from bench.fewshot_settings import (
     pool_size,
     store_events,
 )
-from data_prep.store import atomic_path, safe_name, write_json
-from local_damage.config import ConfigError, load_yaml
-from local_damage.train.config import Config
 
 
 def run_fewshot(

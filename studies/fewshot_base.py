@@ -11,7 +11,6 @@ from pathlib import Path
 
 import onnx
 
-from bench.fewshot_settings import BASE_SPLIT, FewShotError
 from data_prep.store import write_json
 from local_damage.evaluation.calibrate import calibrate_model
 from local_damage.experiments.cv import CrossValidationError, check_run_config
@@ -20,6 +19,7 @@ from local_damage.export.options import ExportOptions
 from local_damage.train import checkpoint as ckpt
 from local_damage.train.loop import SUMMARY, train
 from runtime.contract import save_onnx
+from studies.fewshot_settings import BASE_SPLIT, FewShotError
 
 
 def prepare_base(cfg, chips, folder: Path, ids, progress: bool) -> tuple[Path, Path, str]:

@@ -16,8 +16,6 @@ from app.adapt.fit import METHODS, AdaptError, adapt_head
 from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from app.adapt.suggest import suggestion_order
-from bench.fewshot_settings import FewShotError, Settings, pool_size
-from bench.finetune_arm import finetune_labels, finetuned_classes
 from data_prep.split import spatial_blocks
 from data_prep.store import read_manifest
 from local_damage.adapt.finetune import FinetuneOptions
@@ -26,6 +24,8 @@ from local_damage.export.weights import export_weights
 from local_damage.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.selection import INTACT
+from studies.fewshot_settings import FewShotError, Settings, pool_size
+from studies.finetune_arm import finetune_labels, finetuned_classes
 
 
 def _scores(y: np.ndarray, pred: np.ndarray, names: Sequence[str]) -> dict[str, float | None]:
@@ -98,7 +98,7 @@ def area_split(
 def measure_event(
     event: str, chips, cfg, base_run: Path, base_onnx: Path, settings: Settings, bar=None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every measurement of one held-out event (see :mod:`bench.fewshot`).
+    """Every measurement of one held-out event (see :mod:`studies.fewshot`).
 
     Returns:
         ``(rows, splits)``: one row per repeat, k and arm (``labelled``: the chip ids given,

@@ -30,7 +30,6 @@ import numpy as np
 from app.adapt.fit import AdaptError, adapt_head
 from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
-from bench.finetune_arm import finetune_labels, finetuned_classes
 from data_prep.errors import UsageError
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
@@ -39,6 +38,7 @@ from local_damage.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.registry import default_model
 from runtime.training_tiles import training_tiles
+from studies.finetune_arm import finetune_labels, finetuned_classes
 
 #: Numbers of labels measured by default.
 K = (5, 10, 20, 50)

@@ -1,6 +1,6 @@
 """The tables, plot and goal checks of the leave-one-event-out few-shot report.
 
-Input: the measurement rows of :func:`bench.fewshot_run.run_fewshot`, one per held-out
+Input: the measurement rows of :func:`studies.fewshot_run.run_fewshot`, one per held-out
 event, repeat, number of labels ``k`` and arm (``adapt-random``, ``adapt-suggested``,
 ``finetune``), each with the ``accuracy`` and ``macro_f1`` of the rest of the event. ``k = 0``
 is the base model, the same figure for every arm. An event's cell is the mean +- sd over its
