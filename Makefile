@@ -45,7 +45,7 @@ CALIB_FOLD := 3
 LOCAL_SETS := --set loss.method=local --set loss.normalize_z=false --set model.latent_abs=true
 SCL_SETS := --set loss.method=scl --set loss.normalize_z=true --set model.latent_abs=false
 
-.PHONY: install run demo test test-all lint format clean all-chips default-chips default-model \
+.PHONY: install run demo test test-fast test-all lint format clean all-chips default-chips default-model \
 	default-model-cv default-model-heldout localizer localizer-cv localizer-sample michael all5-chips
 
 install: $(VENV)/.installed
@@ -183,14 +183,19 @@ localizer-sample: install
 	$(BIN)/local-damage localize export --run $(LOCALIZER)/run --out $(LOCALIZER)/run/model.onnx \
 		--quantize int8 --test-metrics $(LOCALIZER)/heldout/test.json
 
-## The test suite (fast tests plus real-data tests when ../shared/data is present).
+## The whole test suite (real-data tests skip when ../shared/data is absent).
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-## Everything, slow tests included.
-test-all: install
-	$(BIN)/python -m pytest -m ""
+## The tests that neither train, start clusters, processes or browsers, nor read ../shared/data:
+## a couple of minutes, for the edit-test loop.
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m "not slow and not browser and not realdata"
+
+## The same as test (kept for scripts that call it).
+test-all: test
 
 lint: install
 	$(BIN)/ruff check .

@@ -62,6 +62,7 @@ def _nll(probabilities: np.ndarray, labels: np.ndarray) -> float:
 # the adapted model
 
 
+@pytest.mark.slow
 def test_adapted_model_reproduces_its_labels_better_than_the_base(base, adapted, store, capsys):
     from runtime.predictor import Predictor
 
@@ -116,6 +117,7 @@ def test_model_card_shows_the_adaptation(adapted, base):
     assert Predictor(adapted).card()["adaptation"]["method"]
 
 
+@pytest.mark.slow
 def test_adapting_an_adapted_model_refits_from_the_base(adapted, base, store, tmp_path):
     from app.adapt.model import adapt_model
     from runtime.predictor import Predictor
@@ -155,6 +157,7 @@ def test_classes_without_labels_keep_the_base_probabilities(base, store, tmp_pat
     np.testing.assert_allclose(new[:, [0, 3]].sum(1), old[:, [0, 3]].sum(1), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, store, tmp_path):
     """The default rule: p(c) of a class without a label that the base model called on a
     labelled building is the base model's times ``1 / (1 + e_c)``, ``e_c`` the base model's
@@ -394,6 +397,7 @@ def test_adapted_model_scores_a_tile_and_flags(adapted, score_model, tmp_path):
     assert all("flags" in p for p in scored)
 
 
+@pytest.mark.slow
 def test_adapt_from_xbd_labels_and_from_app_corrections(base, score_model, tmp_path, capsys):
     from app.adapt.corrections import from_corrections
     from app.adapt.labelled import concat, from_xbd
@@ -620,6 +624,7 @@ def test_suggestions_draw_at_random_before_adapting_then_mix_in_the_uncertain():
     assert [kept[i] for i in id_order(kept)] == [ids[i] for i in every if i % 3]
 
 
+@pytest.mark.slow
 def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path, capsys):
     from app.adapt.labelled import Buildings
     from app.adapt.suggest import id_order, suggest, suggestion_order
@@ -666,6 +671,7 @@ def test_suggest_returns_distinct_unlabelled_ids(adapted, chips, store, tmp_path
     assert "fit:" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_adapt_and_suggest_on_a_georeferenced_scene(base, synthetic_scene, tmp_path, capsys):
     import io
 
@@ -725,6 +731,7 @@ def test_georeferenced_corrections_are_read_from_the_tile(base, synthetic_scene,
     assert len(tile_all) == sum(r["status"] == "scored" for r in result.rows)
 
 
+@pytest.mark.slow
 def test_adapt_runs_without_torch(base, chips, tmp_path):
     import subprocess
     import sys

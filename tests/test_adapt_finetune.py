@@ -45,6 +45,7 @@ def _nll(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, 1)).mean())
 
 
+@pytest.mark.slow
 def test_finetune_writes_a_model_that_grades_the_labels_better(base, chips, store, tmp_path):
     """The written model is a real ONNX file with the adaptation block; the cross-validation
     kept some epochs, and the model grades the labelled chips with a lower log-loss than the
@@ -68,6 +69,7 @@ def test_finetune_writes_a_model_that_grades_the_labels_better(base, chips, stor
     assert _nll(after, y) < _nll(before, y) - 0.05
 
 
+@pytest.mark.slow
 def test_labels_that_say_nothing_keep_the_base_network(base, store, tmp_path):
     """Labels shuffled at random: no number of epochs beats the base network clearly on the
     cross-validation, so the written model grades exactly as the base model."""
@@ -94,6 +96,7 @@ def test_labels_that_say_nothing_keep_the_base_network(base, store, tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_semi_learns_from_the_unlabelled_buildings(base, store, tmp_path):
     """Half the store's labels hidden: ``--semi`` uses the hidden half as unlabelled pairs and
     records how many, and the FixMatch figures when it trains."""
@@ -179,6 +182,7 @@ def test_the_app_fine_tunes_through_the_function_the_command_gives_it():
     assert finetuner() is finetune_model
 
 
+@pytest.mark.slow
 def test_finetune_tells_the_analyst_what_happened(base, chips, tmp_path, capsys):
     """`adapt --finetune` prints the heads' summary (candidates, what was kept), the held-out
     curve over epochs with the reason, and the same block as JSON with --json."""
@@ -216,6 +220,7 @@ def many(base, tmp_path_factory):
     return from_chip_store(root / "chips", Predictor(base).class_names)
 
 
+@pytest.mark.slow
 def test_a_few_hundred_labels_do_not_make_the_others_worse(base, many):
     """Half of a few hundred labelled buildings fine-tune the network (linear probing, then the
     block at a tenth of the head's rate on a cosine decay, plain cross-entropy); the other half,
@@ -242,6 +247,7 @@ def test_a_few_hundred_labels_do_not_make_the_others_worse(base, many):
     assert kept["accuracy"] >= r.curve[0]["accuracy"]
 
 
+@pytest.mark.slow
 def test_the_block_has_its_own_rate(base, store):
     """The classifier trains at ``lr`` and the encoder block at ``lr * encoder_lr``: with a
     block rate of 0 only the classifier moves."""
@@ -267,6 +273,7 @@ def test_the_block_has_its_own_rate(base, store):
     assert moved and all(n.startswith("classifier") for n in moved)  # rate 0: the block stays
 
 
+@pytest.mark.slow
 def test_the_app_panel_says_what_fine_tuning_kept_and_why(base, score_model, tmp_path):
     """Adapt in the app with "Fine-tune the network": the panel says which network was kept
     and shows the held-out curve with the reason, as `adapt --finetune` prints them."""

@@ -40,6 +40,7 @@ def app_url(tmp_path_factory):
         yield url
 
 
+@pytest.mark.slow
 def test_the_api_example_runs_against_the_app(app_url, tmp_path, monkeypatch):
     import cv2
 

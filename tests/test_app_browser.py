@@ -356,6 +356,7 @@ def _assess(page, model: str) -> float:
     return seconds
 
 
+@pytest.mark.slow
 def test_gradio_client_assess_tile(server, bench_model, bench_tile):
     from gradio_client import Client, handle_file
 

@@ -7,11 +7,14 @@ import signal
 import threading
 import time
 
+import pytest
+
 from tests.conftest import app_process
 
 ANALYSTS = ("c0", "c1", "c2", "c3")
 
 
+@pytest.mark.slow
 def test_kill_9_while_saving_keeps_every_confirmed_correction(score_model, synthetic_xbd, tmp_path):
     from gradio_client import Client, handle_file
 

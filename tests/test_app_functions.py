@@ -241,6 +241,7 @@ def test_model_cache_refuses_bad_and_unoffered_models(score_model, tmp_path):
     assert cache.get(str(score_model)) is cache.get(str(score_model))
 
 
+@pytest.mark.slow
 def test_change_map_output_matches_pytorch(map_model, score_model):
     import torch
 

@@ -80,6 +80,7 @@ def _tile(synthetic_xbd) -> list[Path]:
             synthetic_xbd / "labels" / f"{name}_post_disaster.json"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_each_analyst_logs_in_and_corrections_record_who(campaign, score_model, synthetic_xbd):
     from gradio_client import Client, handle_file
 

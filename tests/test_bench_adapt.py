@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cli.main import main
 
 
+@pytest.mark.slow
 def test_bench_adapt_adapts_each_draw_and_the_baseline(score_model, capsys):
     chips = score_model.parent / "chips"
     args = ["bench", "adapt", "--model", str(score_model), "--chips", str(chips)]

@@ -11,6 +11,7 @@ from bench.app_load import MAX_CLIENTS, MAX_TILES
 from tests.conftest import run_cli
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_app_small_run_is_consistent(capsys):
     argv = ["bench", "app", "--clients", "2", "--tiles", "1", "--corrections", "1"]

@@ -31,6 +31,7 @@ def test_districts_cover_every_building_once(tmp_path):
     assert tops == sorted(tops, reverse=True)  # strips from north to south
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench_city_tiny(tmp_path, capsys):
     argv = ["bench", "city", "--buildings", "30", "--small", "9", "--workers", "2"]

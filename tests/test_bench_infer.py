@@ -53,6 +53,7 @@ def _check_rows(rows, encoder, input_size, pairs, runtimes):
     assert fp32 and all(r["max_abs_logit_diff_vs_eager"] < 1e-4 for r in fp32)
 
 
+@pytest.mark.slow
 def test_bench_infer_random_models_table(capsys):
     from bench.infer import bench_infer, format_table
 
@@ -83,6 +84,7 @@ def test_bench_infer_random_models_table(capsys):
     assert "x eager" in lines[-1]
 
 
+@pytest.mark.slow
 def test_bench_infer_cli_json_with_a_trained_run(score_model, capsys):
     from cli.main import main
 

@@ -9,6 +9,7 @@ import pytest
 from bench.map import CHROMIUM
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bench_map_json(capsys):
     from cli.main import main

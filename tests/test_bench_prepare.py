@@ -13,6 +13,7 @@ from data_prep.store import read_manifest
 from data_prep.xbd import prepare_xbd
 
 
+@pytest.mark.slow
 def test_bench_figures_are_well_formed(synthetic_xbd, tmp_path, capsys):
     figures = bench_prepare(
         synthetic_xbd, spec=ChipSpec(chip_size=32), workers=[1, 2], as_json=True, repeat=1
@@ -79,6 +80,7 @@ def test_bench_table_and_cli(synthetic_xbd, capsys):
     assert format_table(figures).splitlines()[0].startswith("xBD chip extraction: 3 tiles")
 
 
+@pytest.mark.slow
 def test_bench_json_checks_targets(synthetic_xbd, capsys):
     figures = bench_prepare(
         synthetic_xbd, spec=ChipSpec(chip_size=32), workers=[2, 1], as_json=True, repeat=1

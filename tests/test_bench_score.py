@@ -7,6 +7,7 @@ import json
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bench_score_json(capsys):
     from cli.main import main

@@ -102,6 +102,7 @@ def test_checkpointing_reduces_saved_bytes():
     assert measured[True] < measured[False] / 2
 
 
+@pytest.mark.slow
 def test_tiny_grid_rows_are_well_formed(tiny_rows):
     rows = tiny_rows
     assert [r["config"] for r in rows] == list(bt.CONFIGS)

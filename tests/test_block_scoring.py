@@ -50,6 +50,7 @@ def _settles_alike(want: float, got: float, limit: float = CONTEXT_LIMIT_PX) -> 
     return math.isnan(want) or want <= limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [None, CONTEXT_LIMIT_PX])
 def test_read_context_equals_per_building_residual(limit):
     """Without a limit every value is the per-building one bit for bit; with the flag's limit a
@@ -130,6 +131,7 @@ def test_footprints_valid_equals_per_building():
     assert not footprints_valid([], np.zeros((0, 4)), np.ones((4, 4), bool), 0, 0).size
 
 
+@pytest.mark.slow
 def test_luminance_channel_by_channel_equals_converting_the_whole_chip():
     """Every one of the 2**24 uint8 colours gets the float32 luma of the chip converted first."""
     v = np.arange(1 << 24, dtype=np.uint32)
@@ -377,6 +379,7 @@ def test_joplin_per_block_equals_per_building():
             assert got == flagger.pair(a[j], b[j], embedding[j], None, context[j]), j
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("move", [0.0, 6.0])
 def test_coarse_context_settles_alike_on_every_labelled_xbd_tile(move):
     """Every building window of every labelled xBD tile, as it is and with its post image moved

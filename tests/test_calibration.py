@@ -331,6 +331,7 @@ def test_predictor_rejects_a_bad_temperature(score_model, tmp_path):
         Predictor(bad)
 
 
+@pytest.mark.slow
 def test_calibrate_runs_without_torch(score_model, chips, tmp_path):
     out = tmp_path / "m.onnx"
     code = (
@@ -350,6 +351,7 @@ def test_calibrate_runs_without_torch(score_model, chips, tmp_path):
 # where calibration shows: evaluate, export, the model card
 
 
+@pytest.mark.slow
 def test_evaluate_reports_before_and_after(calibrated, score_model, chips, tmp_path):
     out = tmp_path / "eval"
     args = ["evaluate", "--chips", str(chips), "--fold", "0", "--views", "1", "--no-tsne"]
@@ -375,6 +377,7 @@ def test_evaluate_reports_before_and_after(calibrated, score_model, chips, tmp_p
     assert (plain / "reliability.png").is_file()
 
 
+@pytest.mark.slow
 def test_export_calibrate_fold(calibrated, score_model, tmp_path, capsys):
     run = score_model.parent / "run"
     out = tmp_path / "calibrated.onnx"
@@ -406,6 +409,7 @@ def test_model_card_says_whether_the_model_is_calibrated(calibrated, score_model
     assert "- calibration: none" in card_markdown(Predictor(score_model))
 
 
+@pytest.mark.slow
 def test_no_temperature_keeps_the_raw_probabilities_and_records_the_fit(
     calibrated, score_model, chips, tmp_path, capsys
 ):

@@ -30,6 +30,7 @@ def test_needs_chromium():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ci", [None, "true", "1"])
 def test_missing_data_and_chromium_fail_in_ci_and_skip_elsewhere(tmp_path, ci):
     (tmp_path / "test_needs.py").write_text(NEEDS)
@@ -76,6 +77,7 @@ def test_hangs_in_c_code():
 """
 
 
+@pytest.mark.slow
 def test_a_hung_test_ends_the_run_as_a_failure(tmp_path):
     """The suite's timeout (pyproject.toml) ends a run whose test hangs in C code, deaf to
     signals, at once and as a failure; the limit is lowered to 2 s here, the method is the suite's

@@ -71,6 +71,7 @@ def _stats(values: list[float]) -> tuple[float, float, float]:
     return float(np.mean(values)), float(np.min(values)), float(np.max(values))
 
 
+@pytest.mark.slow
 def test_cv_tables_equal_the_fold_metrics(cv_run, store, configs):
     out, rc = cv_run
     assert rc == 1  # the "toolarge" config failed on both folds; the others still ran
@@ -129,6 +130,7 @@ def test_cv_tables_equal_the_fold_metrics(cv_run, store, configs):
     assert sum(m["n"] for m in results["methods"][0]["folds"].values()) == len(labels)
 
 
+@pytest.mark.slow
 def test_cv_resumes_and_reuses_finished_folds(cv_run, store, configs, capsys):
     out, _ = cv_run
     before = json.loads((out / "cv_results.json").read_text())
@@ -208,6 +210,7 @@ def test_pooled_metrics_score_every_fold_as_one_set():
     assert pooled_metrics({}, names) is None
 
 
+@pytest.mark.slow
 def test_cv_holdout_fold_is_never_trained_on(store, configs, tmp_path, capsys):
     out = tmp_path / "held"
     args = ["cv", "--config", str(configs["ce"]), "--chips", str(store), "--out", str(out)]

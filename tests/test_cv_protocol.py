@@ -122,6 +122,7 @@ train: {{batch_size: 2, epochs: 1, max_steps_per_epoch: 1, patience: 0, keep: la
 """
 
 
+@pytest.mark.slow
 def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
     from data_prep.split import load_splits, make_splits
     from data_prep.xbd import prepare_xbd

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import REPO, run_cli
 
 
+@pytest.mark.slow
 def test_demo_scores_the_example_scene_end_to_end(tmp_path, score_model, capsys):
     import geopandas as gpd
     import rasterio

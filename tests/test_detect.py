@@ -464,6 +464,7 @@ def test_app_callback_detects_with_the_models_folder_localizer(
 # --------------------------------------------------------------------------- score-batch
 
 
+@pytest.mark.slow
 def test_score_batch_detects_scenes_without_footprints(
     loc, rect_scene, tmp_path, monkeypatch, capsys
 ):
@@ -519,6 +520,7 @@ def test_scene_folder_without_footprints(rect_scene, tmp_path):
     assert jobs[0].buildings.endswith("footprints.geojson") and jobs[1].buildings is None
 
 
+@pytest.mark.slow
 def test_footprint_free_scoring_runs_without_torch(loc, rect_scene, tmp_path):
     import subprocess
     import sys

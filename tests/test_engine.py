@@ -148,6 +148,7 @@ def scheduler(tmp_path_factory):
 # --- the same command, embedded and on an existing cluster ----------------------------------
 
 
+@pytest.mark.slow
 def test_score_batch_on_embedded_and_remote_clusters_writes_what_one_process_writes(
     scenes, score_model, reference, scheduler, tmp_path, capsys
 ):
@@ -183,6 +184,7 @@ def test_score_batch_on_embedded_and_remote_clusters_writes_what_one_process_wri
     assert summary["totals"]["done_before"] == 12 and summary["totals"]["scored"] == 0
 
 
+@pytest.mark.slow
 def test_prepare_xbd_embedded_and_remote_build_the_same_store(synthetic_xbd, scheduler, tmp_path):
     args = ["prepare", "xbd", "--root", synthetic_xbd, "--chip-size", "32"]
     assert run_cli(*args, "--out", tmp_path / "one", "--workers", "1") == 0
@@ -194,6 +196,7 @@ def test_prepare_xbd_embedded_and_remote_build_the_same_store(synthetic_xbd, sch
     assert store_bytes(tmp_path / "remote") == one
 
 
+@pytest.mark.slow
 def test_an_unreachable_scheduler_is_a_clear_error(scenes, score_model, tmp_path, capsys):
     dead = "tcp://127.0.0.1:9"  # the discard port: nothing answers there
     rc = run_cli("score-batch", "--scenes", scenes, "--model", score_model,
@@ -205,6 +208,7 @@ def test_an_unreachable_scheduler_is_a_clear_error(scenes, score_model, tmp_path
     assert rc == 2
 
 
+@pytest.mark.slow
 def test_relative_paths_reach_workers_in_another_directory(
     scenes, score_model, reference, scheduler, tmp_path, monkeypatch
 ):
@@ -221,6 +225,7 @@ def test_relative_paths_reach_workers_in_another_directory(
 # --- fault tolerance --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_batch_changes_nothing(
     tmp_path, synthetic_scene, score_model, reference, scheduler
 ):
@@ -275,6 +280,7 @@ def test_a_worker_killed_mid_batch_changes_nothing(
             assert got[f"s{i:02d}{suffix}"] == reference[f"s{i % 12:02d}{suffix}"]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_preparation_changes_nothing(tmp_path, scheduler):
     """`prepare xbd` on the two workers, one SIGKILLed after the first tile's shards appear: the
     store is byte for byte the one a single process writes, with no temporary left."""
@@ -310,6 +316,7 @@ def test_a_worker_killed_mid_preparation_changes_nothing(tmp_path, scheduler):
     assert not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["embedded", "remote"])
 def test_a_client_killed_mid_batch_resumes(
     where, tmp_path, synthetic_scene, score_model, reference, scheduler
@@ -374,6 +381,7 @@ def scene_store_bytes(store: Path) -> dict[str, bytes]:
     return {**store_bytes(store), "store.json": (store / "store.json").read_bytes()}
 
 
+@pytest.mark.slow
 def test_prepare_scene_in_process_embedded_and_remote_build_the_same_store(
     synthetic_scene, scheduler, tmp_path
 ):

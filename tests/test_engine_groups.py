@@ -47,6 +47,7 @@ def _bookkeeping_settings():
     )
 
 
+@pytest.mark.slow
 def test_grouped_tasks_give_results_in_order_and_a_bad_job_fails_alone():
     seen = []
     with open_client(2) as client:

@@ -69,6 +69,7 @@ def _predictions(out: Path) -> pd.DataFrame:
     return pd.read_csv(out / "predictions.csv", dtype={"chip_id": str})
 
 
+@pytest.mark.slow
 def test_evaluate_run_on_its_validation_fold(run, store, tmp_path, capsys):
     out = tmp_path / "eval"
     rc = main(
@@ -146,6 +147,7 @@ def test_evaluate_run_on_its_validation_fold(run, store, tmp_path, capsys):
     assert "macro-F1" in printed and "SAA" in printed and "destroyed" in printed
 
 
+@pytest.mark.slow
 def test_chips_on_training_tiles_are_marked(run, store, tmp_path, capsys):
     """Every chip of the store: the run trained on folds 1 and 2, so the rows are in-sample,
     marked, and the figures of fold 0 alone are given apart."""
@@ -173,6 +175,7 @@ def test_chips_on_training_tiles_are_marked(run, store, tmp_path, capsys):
     assert held["macro_f1"] == pytest.approx(alone["macro_f1"])
 
 
+@pytest.mark.slow
 def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
     """Rewrite a copy of the store's labels to the model's own predictions: every score is 1."""
     preds = _predictions(all_chips)
@@ -276,6 +279,7 @@ def test_clear_errors(run, store, tmp_path, capsys):
     assert not (tmp_path / "out" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     from data_prep.xbd import prepare_xbd
     from local_damage.evaluation.chips import select_chips

@@ -228,6 +228,7 @@ def test_detected_footprints_are_graded_as_given_ones(tmp_path, synthetic_xbd, s
         predict_detected(predictor, tile, np.zeros((128, 128)), [], tmp_path / "none")
 
 
+@pytest.mark.slow
 def test_both_modes_with_a_localiser(tmp_path, synthetic_xbd, score_model, monkeypatch, capsys):
     """The command with --localizer scores both modes; here the localiser is a stand-in that
     finds the left half of every label building (the runtime's own tests cover the real one)."""
@@ -420,6 +421,7 @@ def test_unknown_training_tiles_are_said(tmp_path, synthetic_xbd, score_model, c
     assert {r["modes"]["given"]["in_training_data"] for r in m["tiles"]} == {None}
 
 
+@pytest.mark.slow
 def test_an_adapted_models_labels_count_as_training_data(
     tmp_path, synthetic_xbd, score_model, capsys
 ):

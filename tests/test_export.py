@@ -37,6 +37,7 @@ def _props(path: Path) -> dict:
     return {p.key: json.loads(p.value) for p in proto.metadata_props}
 
 
+@pytest.mark.slow
 def test_graph_inputs_outputs_and_dynamic_batch(exported, tiny_run):
     import onnx
     import yaml
@@ -161,6 +162,7 @@ def test_parity_with_pytorch_computed_independently(exported, tiny_run):
 LOW_PRECISION_BOUNDS = {"int8": (10 / 11, 0.01), "fp16": (10 / 11, 1e-3)}
 
 
+@pytest.mark.slow
 def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
     import onnx
 
@@ -196,6 +198,7 @@ def test_int8_and_fp16_exports_report_agreement(tiny_run, tmp_path):
             assert outputs["logits"] == onnx.TensorProto.FLOAT
 
 
+@pytest.mark.slow
 def test_parity_failure_writes_nothing(tiny_run, tmp_path, monkeypatch):
     from local_damage.export import model as export
     from local_damage.export import parity
@@ -256,6 +259,7 @@ def test_fp16_weights_fine_tune_into_the_same_model(tiny_run, tmp_path):
     assert next(model.parameters()).dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
     import json
 

@@ -78,6 +78,7 @@ def _with_reference(model: Path, value: float, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_scene_only_adds_the_reference_and_changes_nothing_else(
     score_model, referenced, tmp_path, capsys
 ):
@@ -121,6 +122,7 @@ def _score(model, scene, out: Path, capsys) -> tuple[str, dict]:
     return err, json.loads(meta["local_damage_familiarity"])
 
 
+@pytest.mark.slow
 def test_score_says_when_the_imagery_is_unlike_the_training_data(
     referenced, synthetic_scene, tmp_path, capsys
 ):
@@ -149,6 +151,7 @@ def test_a_model_without_the_reference_reports_no_verdict(
     assert "local_damage_familiarity" not in (pyogrio.read_info(out).get("layer_metadata") or {})
 
 
+@pytest.mark.slow
 def test_score_batch_lists_the_unfamiliar_scenes(referenced, synthetic_scene, tmp_path, capsys):
     import shutil
 
@@ -166,6 +169,7 @@ def test_score_batch_lists_the_unfamiliar_scenes(referenced, synthetic_scene, tm
     assert "grades uncertain on the imagery of 2 scene(s)" in err and "a, b" in err
 
 
+@pytest.mark.slow
 def test_the_app_tells_the_analyst(referenced, score_model, tmp_path):
     from app.web.app import assess_tile
     from data_prep.synthetic import tile_name

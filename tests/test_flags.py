@@ -173,6 +173,7 @@ def _fold_pairs(chips: Path, folds: list[int]):
     return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs]), labels
 
 
+@pytest.mark.slow
 def test_prototypes_and_threshold_round_trip_through_the_model(score_model, with_ood, chips):
     from runtime.predictor import Predictor
 

@@ -45,6 +45,7 @@ def tiny_run(tmp_path_factory):
     return rc, out
 
 
+@pytest.mark.slow
 def test_cli_writes_outputs(tiny_run, capsys):
     rc, out = tiny_run
     assert rc == 0

@@ -431,6 +431,7 @@ def test_all_zero_pre_imagery_is_blank_not_graded(synthetic_scene, tmp_path, pre
     )
 
 
+@pytest.mark.slow
 def test_huge_sparse_geotiff_is_read_in_windows_and_found_blank(synthetic_scene, tmp_path):
     """200000 x 200000 px (uint16, no block written): not refused for its size; its buildings
     are read in windows and skipped as blank imagery."""

@@ -95,6 +95,7 @@ def _analysts(work: Path) -> list[str]:
     return sorted(c.analyst for c in LabelStore(work / STORE_NAME).rows())
 
 
+@pytest.mark.slow
 def test_120_corrections_from_4_threads_all_kept(predictor, xbd_tile, tmp_path):
     from app.web.sessions import read_corrections_json, read_session, save_correction
 
@@ -132,6 +133,7 @@ def test_120_corrections_from_4_threads_all_kept(predictor, xbd_tile, tmp_path):
     assert written == {e["uid"]: e["damage"] for e in latest.values()}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_120_corrections_from_4_processes_all_kept(predictor, xbd_tile, tmp_path):
     from app.web.sessions import read_session
 
@@ -218,6 +220,7 @@ def test_old_corrections_json_imported_once(predictor, xbd_tile, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_burst_loses_nothing_acknowledged(predictor, xbd_tile, tmp_path):
     from app.web.sessions import read_session
     from data_prep.label_store import STORE_NAME, LabelStore
@@ -281,6 +284,7 @@ def test_write_failure_is_a_clear_error_and_keeps_the_store(predictor, xbd_tile,
     assert LabelStore(store).check() == "ok"
 
 
+@pytest.mark.slow
 def test_full_disk_is_a_clear_error(predictor, xbd_tile, tmp_path):
     """A real full file system (a 1 MiB tmpfs): the save is refused as such, nothing lost."""
     from app.web.sessions import AppError, save_correction

@@ -142,6 +142,7 @@ def _latent_grads(net, loss_fn, pre, post) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in net.encoder.parameters() if p.grad is not None])
 
 
+@pytest.mark.slow
 def test_the_previous_recipe_trains_its_latent_term_as_scl_the_bundled_one_does_not():
     """Encoder gradients of the latent term: OCL's equal SCL's under configs/default.yaml (the
     previous recipe: latent_abs), and differ under configs/cpu-local.yaml (the bundled model's

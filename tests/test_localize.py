@@ -303,6 +303,7 @@ def test_train_writes_a_run(tiny_run):
     assert saved["device"] == "cpu" and saved["config"]["train"]["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     import onnx
     import torch
@@ -384,6 +385,7 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     assert exact["f1"] == 1.0 and (exact["tp"], exact["fp"], exact["fn"]) == (tp + fn, 0, 0)
 
 
+@pytest.mark.slow
 def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_path):
     import shutil
 
@@ -428,6 +430,7 @@ def test_flip_tta_is_the_mean_over_flips_in_the_graph(tiny_run, rect_root, tmp_p
     assert np.abs(got["tta"] - got["plain"]).max() > 1e-4  # the flips change the output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["static", "dynamic"])
 def test_int8_export_keeps_the_contract_and_the_mask(tiny_run, rect_root, tmp_path, method):
     from local_damage.localize.export import export_localizer, quantize_localizer
@@ -458,6 +461,7 @@ def test_cli_refuses_bad_overrides(rect_root, tmp_path, capsys):
     assert code == 2 and "nope" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_trains_and_evaluates_on_two_roots(tmp_path, capsys):
     """``--xbd`` repeated: the tiles of both folders together, as `prepare xbd` takes them."""
     from cli.main import main

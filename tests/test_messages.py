@@ -123,6 +123,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_app_prints_its_own_hint_not_gradios(tmp_path):
     """The command's console says how to reach the app with its own flags (``--share``), not
     Gradio's "set `share=True` in `launch()`"."""

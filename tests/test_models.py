@@ -332,6 +332,7 @@ def test_partial_weights_warn_with_missing_keys(tmp_path):
     assert report.missing and all(k.startswith("layer4") for k in report.missing)
 
 
+@pytest.mark.slow
 def test_bad_weights_files_give_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="weights file .*nope.pth not found"):
         build_encoder("resnet18", tmp_path / "nope.pth")
@@ -518,6 +519,7 @@ def test_resize_map_pools_as_adaptive_pooling_does(shape, size):
     torch.testing.assert_close(resize_map(x, size), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_onnx_export_at_an_input_size_whose_maps_do_not_divide_the_latent_grid(tmp_path):
     """96 px: block 2 is 12 px against the 8 px latent grid (ONNX has no adaptive pooling for
     that); the exported graph must still run and agree with PyTorch."""

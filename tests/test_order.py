@@ -134,6 +134,7 @@ def test_exchanged_grading_stops_only_when_the_rest_cannot_matter():
     assert model.graded == 0 and got.to_dict()["damaged_exchanged"] is None and not got.reversed
 
 
+@pytest.mark.slow
 def test_swapped_dates_warn_everywhere(tmp_path, dated_scene, score_model, capsys):
     """Post dated before pre: the CLI, the JSON report and both vector formats say so."""
     import pyogrio

@@ -161,6 +161,7 @@ def test_no_damage_identical_destroyed_differs(store):
             assert diff > 0, rec["chip_id"]
 
 
+@pytest.mark.slow
 def test_two_workers_byte_identical(synthetic_xbd, store, tmp_path):
     out1, _ = store
     out2 = tmp_path / "w2"
@@ -225,6 +226,7 @@ def test_bad_inputs_are_skipped_with_the_file_named(tmp_path):
         assert s.item in summary
 
 
+@pytest.mark.slow
 def test_cli_runs_and_prints_summary(synthetic_xbd, tmp_path, capsys):
     out = tmp_path / "chips"
     rc = main(
@@ -265,6 +267,7 @@ def test_cli_exit_codes_for_bad_roots(tmp_path, capsys):
         prepare_xbd(tmp_path / "empty", tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_nothing_produced_exits_non_zero(tmp_path, capsys):
     make_bad_xbd(tmp_path / "bad")
     for p in (tmp_path / "bad").rglob("bad-good_*"):
@@ -304,6 +307,7 @@ def test_xbd_sample_counts_match_labels(tmp_path):
     assert df[["lon", "lat"]].notna().all().all()
 
 
+@pytest.mark.slow
 def test_synthetic_module_main_then_prepare(tmp_path, capsys):
     from data_prep.synthetic import main as synthetic_main
 

@@ -88,6 +88,7 @@ def test_sources_and_crops_from_real_files(synthetic_xbd, synthetic_scene, tmp_p
         find_sources([], [tmp_path], "augment")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["balanced", "ntxent"])
 def test_pretrain_writes_weights_that_train_takes(synthetic_xbd, tmp_path, loss):
     out = tmp_path / "pre"

@@ -31,6 +31,7 @@ def test_stage_times_add_merge_and_table():
     assert float(other[3]) == pytest.approx(10.0)  # ms per building: 1 s over 100
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_score_profile_prints_stage_times(tmp_path, synthetic_scene, score_model, capsys):
     s = synthetic_scene

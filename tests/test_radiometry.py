@@ -169,6 +169,7 @@ def test_one_stretch_for_pre_and_post_keeps_a_darkening(tmp_path):
 # --- the pipeline on exact copies -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_prepare_and_score_scene_are_the_same_on_copies(
     synthetic_scene, default_predictor, tmp_path, kind

@@ -50,6 +50,7 @@ def test_a_name_of_no_model_lists_the_names(elsewhere):
         resolve_model("no/such.onnx")
 
 
+@pytest.mark.slow
 def test_adapt_takes_the_bundled_model_by_name_elsewhere(elsewhere, score_model):
     chips = score_model.parent / "chips"
     for value in ("default", "models/default.onnx"):
@@ -62,6 +63,7 @@ def test_adapt_takes_the_bundled_model_by_name_elsewhere(elsewhere, score_model)
         assert block["base_model"]["file"] == "default.onnx"
 
 
+@pytest.mark.slow
 def test_evaluate_xview2_and_calibrate_by_name_elsewhere(elsewhere, score_model, synthetic_xbd):
     from data_prep.synthetic import tile_name
 
@@ -80,6 +82,7 @@ def test_evaluate_xview2_and_calibrate_by_name_elsewhere(elsewhere, score_model,
     assert out.is_file()
 
 
+@pytest.mark.slow
 def test_score_and_demo_by_name_elsewhere(elsewhere, synthetic_xbd, capsys):
     from data_prep.synthetic import tile_name
 

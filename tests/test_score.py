@@ -409,6 +409,7 @@ def test_xbd_geojson_without_lnglat_is_refused(tmp_path, synthetic_xbd, score_mo
     assert list(tmp_path.iterdir()) == [stripped]  # nothing else written, no temporaries
 
 
+@pytest.mark.slow
 def test_scoring_does_not_import_torch(tmp_path, synthetic_scene, score_model):
     """`local-damage score` runs on a machine without PyTorch: nothing on its path imports it."""
     s = synthetic_scene

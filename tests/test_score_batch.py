@@ -50,6 +50,7 @@ def n_features(path: Path) -> int:
     return len(gpd.read_file(path))
 
 
+@pytest.mark.slow
 def test_csv_batch_with_a_bad_scene(tmp_path, synthetic_scene, score_model, capsys):
     s = synthetic_scene
     rel = Path(os.path.relpath(s.root, tmp_path))
@@ -87,6 +88,7 @@ def test_csv_batch_with_a_bad_scene(tmp_path, synthetic_scene, score_model, caps
     ]
 
 
+@pytest.mark.slow
 def test_folder_batch_gpkg_raster_overlay(tmp_path, synthetic_scene, score_model):
     import geopandas as gpd
     import rasterio
@@ -109,6 +111,7 @@ def test_folder_batch_gpkg_raster_overlay(tmp_path, synthetic_scene, score_model
         assert (out / f"{name}.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_model_is_loaded_once(tmp_path, synthetic_scene, score_model, monkeypatch):
     import cli.score
     import runtime.predictor
@@ -133,6 +136,7 @@ def test_model_is_loaded_once(tmp_path, synthetic_scene, score_model, monkeypatc
     assert len(finals(tmp_path / "o", ".geojson")) == 3
 
 
+@pytest.mark.slow
 def test_resume_rescores_only_missing_outputs(tmp_path, synthetic_scene, score_model):
     scenes = tmp_path / "scenes"
     for name in ("a", "b", "c"):
@@ -163,6 +167,7 @@ def _scene_counts(report: dict) -> tuple:
     return report["buildings"], report["scored"], report["per_class"], report["not_covered"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("earlier_summary", [True, False], ids=["from-summary", "from-outputs"])
 def test_resumed_summary_covers_scenes_done_before(
     tmp_path, synthetic_scene, score_model, earlier_summary
@@ -210,6 +215,7 @@ def _release(fifo: Path) -> None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
     """Kill a batch after its first scene: no partial outputs, resume finishes the rest.
@@ -275,6 +281,7 @@ def test_killed_batch_resumes(tmp_path, synthetic_scene, score_model, sig):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_shards_partition_the_scenes(tmp_path, synthetic_scene, score_model):
     from app.scoring.batch import parse_shard, read_scene_list, shard_of
 
@@ -310,6 +317,7 @@ def test_shards_partition_the_scenes(tmp_path, synthetic_scene, score_model):
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_all_scenes_bad_exits_non_zero(tmp_path, synthetic_scene, score_model, capsys):
     scenes = tmp_path / "scenes"
     broken_scene(scenes, "bad1", synthetic_scene)

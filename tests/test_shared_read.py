@@ -116,6 +116,7 @@ def test_a_scene_whose_shift_is_applied_is_cut_from_a_new_read(tmp_path):
     _assert_same_chips(chips, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [64, 1024])
 def test_single_read_is_the_window_cutting_reads(synthetic_scene, block_size):
     with open_scene(synthetic_scene.pre, synthetic_scene.post) as scene:

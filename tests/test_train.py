@@ -56,6 +56,7 @@ def test_yaml_unknown_key_and_bad_value_are_clear_errors(tmp_path, capsys):
     assert "batch_sise" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     run = tmp_path / "run"
     summary = train(tiny("train.epochs=2"), chips, run, fold=0, progress=False)
@@ -82,6 +83,7 @@ def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     assert on_disk["best_val_macro_f1"] == pytest.approx(metrics["val_macro_f1"].max())
 
 
+@pytest.mark.slow
 def test_validation_geometry_is_that_of_the_kept_model(chips, tmp_path):
     # The last epoch's val_* geometry columns are the class-mean Gram of the validation chips'
     # embeddings under the weights that epoch ends with (kept as best.safetensors by "last").
@@ -102,6 +104,7 @@ def test_validation_geometry_is_that_of_the_kept_model(chips, tmp_path):
     assert last["val_mean_offdiag_cos"] == pytest.approx(want["mean_offdiag_cos"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_keep_last_evaluates_the_last_epoch_not_the_best(chips, tmp_path):
     # With a zero learning rate every epoch validates the same: "best" keeps the first epoch
     # (no strict improvement after it), "last" the final one, as a run without validation would.
@@ -125,6 +128,7 @@ def test_keep_last_evaluates_the_last_epoch_not_the_best(chips, tmp_path):
         tiny("train.keep=first")
 
 
+@pytest.mark.slow
 def test_holdout_chips_are_left_out_of_training(chips, tmp_path, capsys):
     from cli.main import main
     from data_prep.split import load_splits
@@ -141,6 +145,7 @@ def test_holdout_chips_are_left_out_of_training(chips, tmp_path, capsys):
     assert "without validation" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_balanced_sampling_does_not_weight_the_loss_twice(chips, tmp_path):
     from data_prep.store import read_manifest
 
@@ -158,6 +163,7 @@ def test_balanced_sampling_does_not_weight_the_loss_twice(chips, tmp_path):
     assert balanced["class_weights"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_same_seed_same_first_epoch_loss(chips, tmp_path):
     losses = []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
@@ -167,6 +173,7 @@ def test_same_seed_same_first_epoch_loss(chips, tmp_path):
     assert losses[0] != losses[2]
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(chips, tmp_path):
     straight = tmp_path / "straight"
     train(tiny("train.epochs=2"), chips, straight, fold=0, progress=False)
@@ -184,6 +191,7 @@ def test_resume_continues_exactly(chips, tmp_path):
     np.testing.assert_allclose(la, lb, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_init_with_frozen_encoder_keeps_encoder_and_trains_heads(chips, tmp_path):
     base = tmp_path / "base"
     train(tiny(), chips, base, fold=0, progress=False)
@@ -215,6 +223,7 @@ def test_init_from_missing_run_is_a_clear_error(chips, tmp_path, capsys):
     assert "none" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [
@@ -237,6 +246,7 @@ def test_memory_options_and_methods_train(chips, tmp_path, options):
         )
 
 
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_keep_identical_replicas(chips, tmp_path):
     run = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -272,6 +282,7 @@ def test_ddp_two_cpu_processes_keep_identical_replicas(chips, tmp_path):
     assert np.isfinite(pd.read_csv(run / "metrics.csv")["train_loss"]).all()
 
 
+@pytest.mark.slow
 def test_probe_separates_the_pull_of_each_term(chips, capsys):
     """The probe's gradients: the latent term's pull scales with beta, WCE's does not."""
     from local_damage.experiments.probe import probe

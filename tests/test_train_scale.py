@@ -21,6 +21,7 @@ def sim_root(tmp_path_factory):
     return tmp_path_factory.mktemp("sim")
 
 
+@pytest.mark.slow
 def test_sim_store_links_tiles_to_few_unique_shards(sim_root):
     store = make_sim_store(sim_root, 5_050)
     frame = read_manifest(store)
@@ -70,6 +71,7 @@ def test_dataset_keeps_per_chip_numbers_not_rows(sim_root):
     assert list(ds.chip_ids[:2]) == [rows[0]["chip_id"], rows[1]["chip_id"]]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_bench_train_chips_tiny(sim_root, capsys):
     pytest.importorskip("torch")
@@ -89,6 +91,7 @@ def test_bench_train_chips_tiny(sim_root, capsys):
     assert run_cli("bench", "train", "--chips", "0") == 2
 
 
+@pytest.mark.slow
 def test_bench_train_chips_overrides_and_one_pass(sim_root, capsys):
     """`--set` changes the measured config, and the timed batches never run past one pass over
     the store (which stopped the loader with StopIteration on a small store)."""

@@ -63,6 +63,7 @@ def _correct_all(result, label: Path, limit: int | None = None) -> dict[int, str
     return {row: truth[result.rows[row]["uid"]] for row in rows}
 
 
+@pytest.mark.slow
 def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     predictor, score_model, tmp_path
 ):
@@ -124,6 +125,7 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     assert second.block["base_model"]["file"] == score_model.name
 
 
+@pytest.mark.slow
 def test_corrections_accumulate_over_an_event_and_count_once(predictor, score_model, tmp_path):
     from app.web.adapt_panel import adapt_to_event, event_labels, event_sessions
     from app.web.app import assess_tile, save_correction

@@ -43,6 +43,7 @@ def _decode(uri: str) -> np.ndarray:
     return image
 
 
+@pytest.mark.slow
 def test_map_is_self_contained(scene_map):
     text = (scene_map / "scene.html").read_text()
     # nothing is loaded from elsewhere: no script or style sheet by address, Leaflet inlined
@@ -229,6 +230,7 @@ def test_map_path_is_checked_before_any_work(tmp_path, synthetic_scene, score_mo
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_score_batch_map_and_resume(tmp_path, synthetic_scene, score_model):
     s = synthetic_scene
     csv = tmp_path / "scenes.csv"
