@@ -49,7 +49,7 @@ def _render(parser: argparse.ArgumentParser) -> str:
         "# Command-line reference",
         "",
         "Generated from the parser by `python -m cli.docs > docs/cli.md`;",
-        "`tests/test_cli_docs.py` fails when this page and the parser disagree.",
+        "`tests/cli/test_cli_docs.py` fails when this page and the parser disagree.",
         "",
         "```text",
         parser.format_help().rstrip(),

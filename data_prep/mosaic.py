@@ -156,8 +156,8 @@ class Tile:
 
         On such a window the bilinear warp of :meth:`read_warped` samples every source pixel at
         its centre, so it returns the source pixels themselves: a plain windowed read gives the
-        same array at a fraction of the cost (``tests/test_mosaic_reads.py`` holds the two
-        equal, on real tiles too)."""
+        same array at a fraction of the cost (``tests/data_prep/test_block_scoring.py`` holds the
+        two equal, on real tiles too)."""
         ds = self.dataset
         t = ds.transform
         if (

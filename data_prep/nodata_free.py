@@ -4,8 +4,8 @@ GDAL warps a source with a nodata value through its general kernel, which weighs
 pixel by its validity: on the synthetic scene's post tiles (another CRS, 11% finer pixels) that
 is about twice the time of the same warp from a source without one (docs/benchmarks.md). Where no pixel of the
 tile equals its nodata value every validity weight is one, and the warp from the same pixels with
-no nodata value gives the same array, bit for bit (``tests/test_nodata_free.py``): such a tile is
-warped from a VRT of its bands 1-3 that leaves the nodata value out (:func:`plain_vrt`).
+no nodata value gives the same array, bit for bit (``tests/data_prep/test_nodata_free.py``): such
+a tile is warped from a VRT of its bands 1-3 that leaves the nodata value out (:func:`plain_vrt`).
 
 Which tiles: uint8 files read as they are (no scaling VRT, no alpha band), whose only mask is a
 nodata value of 0 (the black collar of most products; with another value the warp that honours it

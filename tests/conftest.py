@@ -149,3 +149,35 @@ def score_model(tmp_path_factory) -> Path:
     train(load_yaml(Config, None, overrides), root / "chips", root / "run", fold=0, progress=False)
     export_run(root / "run", root / "model.onnx")
     return root / "model.onnx"
+
+
+@pytest.fixture(scope="module")
+def predictor(score_model):
+    """The tiny exported model (``score_model``) loaded by ONNX Runtime."""
+    from runtime.predictor import Predictor
+
+    return Predictor(score_model)
+
+
+@pytest.fixture(scope="module")
+def chips(score_model) -> Path:
+    """The synthetic chip store behind the tiny model (3 folds; fold 0 validated it)."""
+    return score_model.parent / "chips"
+
+
+@pytest.fixture(scope="module")
+def store(base, chips):
+    """The labelled buildings of ``chips`` with the class names of ``base``: the model a test
+    module adapts, which each module that uses this fixture defines as its own ``base`` fixture."""
+    from app.adapt.labelled import from_chip_store
+    from runtime.predictor import Predictor
+
+    return from_chip_store(chips, Predictor(base).class_names)
+
+
+@pytest.fixture(scope="module")
+def rect_scene(tmp_path_factory) -> dict:
+    """The bright rectangles on dark ground of tests/app/test_detect.py (``make_rect_scene``)."""
+    from tests.app.test_detect import make_rect_scene
+
+    return make_rect_scene(tmp_path_factory.mktemp("rects"))

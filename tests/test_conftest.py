@@ -16,7 +16,7 @@ from tests.conftest import REPO, SHARED_DATA
 NEEDS = """
 from pathlib import Path
 
-import tests.test_app_browser as browser
+import tests.app.test_app_browser as browser
 from tests.conftest import shared_data
 
 

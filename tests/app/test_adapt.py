@@ -20,25 +20,12 @@ from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
-def chips(score_model) -> Path:
-    return score_model.parent / "chips"
-
-
-@pytest.fixture(scope="module")
 def base(score_model, chips, tmp_path_factory) -> Path:
     """The fixture model with a temperature and ood prototypes (what adapt must carry over)."""
     out = tmp_path_factory.mktemp("adapt") / "base.onnx"
     args = ["calibrate", "--model", score_model, "--chips", chips, "--fold", "0", "--out", out]
     assert run_cli(*args, "--quiet") == 0
     return out
-
-
-@pytest.fixture(scope="module")
-def store(base, chips):
-    from app.adapt.labelled import from_chip_store
-    from runtime.predictor import Predictor
-
-    return from_chip_store(chips, Predictor(base).class_names)
 
 
 #: Wall time of the ``adapted`` fixture's `adapt` command (the fit it records happens inside it).

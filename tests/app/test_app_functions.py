@@ -25,13 +25,6 @@ def map_model(score_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def predictor(score_model):
-    from runtime.predictor import Predictor
-
-    return Predictor(score_model)
-
-
-@pytest.fixture(scope="module")
 def xbd_tile(synthetic_xbd):
     """(pre, post, label) of synthetic tile 0 (PNG) and its number of xy building features."""
     from data_prep.synthetic import tile_name

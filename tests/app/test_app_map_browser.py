@@ -1,5 +1,5 @@
 """The web app's pre/post slider and map in headless Chromium (the pattern of
-tests/test_app_browser.py: Debian's /usr/bin/chromium, the app served on a free local port).
+tests/app/test_app_browser.py: Debian's /usr/bin/chromium, the app served on a free local port).
 
 The app runs the bundled model. A georeferenced tile (the synthetic scene's west pre and post GeoTIFFs and its GeoJSON
 footprints; the real Joplin tiles where ../shared/data is present) is assessed: after "Assess"
@@ -15,8 +15,8 @@ import re
 
 import pytest
 
+from tests.app.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, need_chromium, serve_app
 from tests.conftest import REPO, missing, shared_data
-from tests.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, need_chromium, serve_app
 
 #: The bundled model, as an analyst grades with it.
 MODEL = REPO / "models" / "default.onnx"

@@ -136,11 +136,6 @@ def loc(tmp_path_factory) -> Path:
     return make_localizer(tmp_path_factory.mktemp("loc") / "localizer.onnx")
 
 
-@pytest.fixture(scope="module")
-def rect_scene(tmp_path_factory) -> dict:
-    return make_rect_scene(tmp_path_factory.mktemp("rects"))
-
-
 def make_rect_scene(root: Path) -> dict:
     """Georeferenced pre/post GeoTIFFs, the same pair as PNGs, and the true footprints."""
     import shapely

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_alignment import _shifted_copies
+from tests.data_prep.test_alignment import _shifted_copies
 
 
 def _flags(path) -> list[str]:

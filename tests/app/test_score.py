@@ -23,13 +23,6 @@ CLASS_COLOURS_TOL = 3  # grey levels of blending/rounding in the overlay
 
 
 @pytest.fixture(scope="module")
-def predictor(score_model):
-    from runtime.predictor import Predictor
-
-    return Predictor(score_model)
-
-
-@pytest.fixture(scope="module")
 def scene_scored(tmp_path_factory, synthetic_scene, score_model):
     """The synthetic scene scored once through the CLI with GeoJSON, raster and overlay."""
     out = tmp_path_factory.mktemp("scored")

@@ -1,6 +1,6 @@
 """The web app's views of an assessed tile (app.web.tile_views): the pre/post slider's images,
 the map in its frame, the chosen building's chips and row, as plain functions without Gradio.
-The page itself: tests/test_app_map_browser.py."""
+The page itself: tests/app/test_app_map_browser.py."""
 
 from __future__ import annotations
 
@@ -10,13 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-
-@pytest.fixture(scope="module")
-def predictor(score_model):
-    from runtime.predictor import Predictor
-
-    return Predictor(score_model)
 
 
 def _map_data(frame: str) -> dict:

@@ -17,13 +17,6 @@ import pytest
 from data_prep.spec import CLASS_NAMES
 
 
-@pytest.fixture(scope="module")
-def predictor(score_model):
-    from runtime.predictor import Predictor
-
-    return Predictor(score_model)
-
-
 def _tile(score_model, index: int) -> tuple[Path, Path, Path]:
     from data_prep.synthetic import tile_name
 

@@ -2,7 +2,7 @@
 
 Scored with the session's tiny exported model (``score_model`` in conftest.py) on the synthetic
 scene and xBD tiles; the imagery tiles are decoded and checked against where the imagery lies.
-The map in a browser: tests/test_webmap_browser.py.
+The map in a browser: tests/app/test_webmap_browser.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The Joplin GeoTIFFs (../shared/data/joplin_geotiff) and a real xBD tile (../shared/data/
 xbd_sample) are scored with the bundled model and ``--map``; the map file is opened from disk in
-Chromium (Debian's, /usr/bin/chromium, as tests/test_app_browser.py) with a route that aborts
+Chromium (Debian's, /usr/bin/chromium, as tests/app/test_app_browser.py) with a route that aborts
 any request that is not the file itself or a ``data:`` URI. The map must draw every building of
 the vector output, every graded one coloured, with no page error and no request outside the
 file; a click on a building gives its grade and probabilities as the vector output has them;
@@ -16,8 +16,8 @@ import json
 
 import pytest
 
+from tests.app.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, need_chromium
 from tests.conftest import REPO, missing, run_cli, shared_data
-from tests.test_app_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, need_chromium
 
 #: The bundled model, as a user scores with it.
 MODEL = REPO / "models" / "default.onnx"

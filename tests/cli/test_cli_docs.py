@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cli.docs import render
 from cli.main import build_parser, main
+from tests.conftest import REPO
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+DOC = REPO / "docs" / "cli.md"
 
 
 def test_cli_reference_is_current():

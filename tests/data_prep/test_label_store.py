@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from data_prep.spec import CLASS_NAMES
+from tests.conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 #: A child process that saves corrections to an assessment and prints each acknowledged one.
 SAVER = """
 import sys, time
@@ -30,13 +30,6 @@ for i in range(n):
     save_correction(session, i % rows, names[i % len(names)], analyst=f"{who}-{i}")
     print(f"{who}-{i}", flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def predictor(score_model):
-    from runtime.predictor import Predictor
-
-    return Predictor(score_model)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +50,10 @@ def _assess(predictor, xbd_tile, work: Path, name: str = "s1") -> Path:
 
 
 def _saver(session: Path, who: str, start: Path, n: int, rows: int) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     args = [sys.executable, "-c", SAVER, str(session), who, str(start), str(n), str(rows)]
     return subprocess.Popen(
-        [*args, ",".join(CLASS_NAMES)], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [*args, ",".join(CLASS_NAMES)], env=env, cwd=REPO, stdout=subprocess.PIPE, text=True
     )
 
 
@@ -264,14 +257,14 @@ def test_write_failure_is_a_clear_error_and_keeps_the_store(predictor, xbd_tile,
         "    print('after', i, flush=True)\n"
     )
     store = tmp_path / "labels.gpkg"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     # the store exists before the limit is set (the first save creates it)
     from app.web.sessions import save_correction
 
     save_correction(session, 2, "destroyed", analyst="first")
     out = subprocess.run(
         [sys.executable, "-c", code, str(session), str(store)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     error = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
     assert error, out.stdout + out.stderr

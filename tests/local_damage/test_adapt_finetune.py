@@ -18,11 +18,6 @@ from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
-def chips(score_model) -> Path:
-    return score_model.parent / "chips"
-
-
-@pytest.fixture(scope="module")
 def base(score_model, tmp_path_factory) -> Path:
     """The fixture model with its fine-tuning weights beside it (NAME.safetensors)."""
     from local_damage.export.weights import export_weights
@@ -31,14 +26,6 @@ def base(score_model, tmp_path_factory) -> Path:
     shutil.copy(score_model, folder / "base.onnx")
     export_weights(score_model.parent / "run", folder / "base.safetensors")
     return folder / "base.onnx"
-
-
-@pytest.fixture(scope="module")
-def store(base, chips):
-    from app.adapt.labelled import from_chip_store
-    from runtime.predictor import Predictor
-
-    return from_chip_store(chips, Predictor(base).class_names)
 
 
 def _nll(p: np.ndarray, y: np.ndarray) -> float:

@@ -22,8 +22,7 @@ from local_damage.metrics import (
     reliability_bins,
 )
 from runtime.calibration import CalibrationError, fit_temperature, scaled_nll
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 #: Four predictions, each alone in its 15-bin confidence bin (0.9 -> bin 13, 0.62 -> 9,
 #: 0.7 -> 10, 0.85 -> 12); the first and third are right.
@@ -185,12 +184,6 @@ def test_fit_fails_clearly_on_separable_or_uninformative_logits():
 
 # --------------------------------------------------------------------------------------------
 # `local-damage calibrate` on a tiny exported model
-
-
-@pytest.fixture(scope="module")
-def chips(score_model) -> Path:
-    """The synthetic chip store behind the tiny model (3 folds; fold 0 validated it)."""
-    return score_model.parent / "chips"
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,8 @@ from cli.main import build_parser
 from local_damage.config import load_yaml
 from local_damage.losses.objective import uses_latent
 from local_damage.train.config import Config
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
 

@@ -14,7 +14,6 @@ from cli.main import main
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from tests.conftest import TINY_TRAIN
 
-REPO = Path(__file__).resolve().parents[1]
 #: A chip spec other than the default, so that cutting with the run's spec is observable.
 SPEC = ChipSpec(chip_size=64, context=2.0, min_size=48)
 TINY = [*TINY_TRAIN, "train.max_steps_per_epoch=2"]

@@ -8,8 +8,6 @@ products take both signs and OCL pushes negatives to perpendicular from both sid
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,8 +16,8 @@ from local_damage.config import load_yaml
 from local_damage.losses import OrthonormalContrastiveLoss, SupConLoss
 from local_damage.models import LatentCorrelation, ModelConfig, build_model, parse_blocks
 from local_damage.train.config import Config, fidelity_notes
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 LABELS = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
 
 

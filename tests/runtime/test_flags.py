@@ -146,11 +146,6 @@ def test_bad_ood_metadata_is_refused():
 
 
 @pytest.fixture(scope="module")
-def chips(score_model) -> Path:
-    return score_model.parent / "chips"
-
-
-@pytest.fixture(scope="module")
 def with_ood(score_model, chips, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("flags") / "tiny.ood.onnx"
     args = ["calibrate", "--model", str(score_model), "--chips", str(chips), "--fold", "0"]

@@ -14,6 +14,7 @@ from data_prep.spec import CLASS_NAMES
 from runtime.contract import ModelError
 from runtime.predictor import Prediction, Predictor
 from runtime.registry import list_models
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -248,8 +249,6 @@ def test_predictor_runs_without_torch(score_model):
         "print(p.predict(x, x).probabilities.shape)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"(2, {len(CLASS_NAMES)})"
