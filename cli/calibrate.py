@@ -97,9 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    model = args.model if args.model is not None else default_model()
     if args.scene_only:
         block = add_scene_reference(
-            args.model if args.model is not None else default_model(),
+            model,
             args.chips,
             args.out,
             fold=args.fold,
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     folds = args.prototype_folds or None  # none given (or an empty list): every fold but --fold
     result = calibrate_model(
-        args.model if args.model is not None else default_model(),
+        model,
         args.chips,
         args.out,
         fold=args.fold,
