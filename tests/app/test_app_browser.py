@@ -376,6 +376,7 @@ def test_gradio_client_assess_tile(server, bench_model, bench_tile):
     assert sorted(Path(f).suffix for f in files) == [".csv", ".geojson"]
 
 
+@pytest.mark.slow
 def test_gradio_client_bad_input_keeps_serving(server, bench_model, bench_tile, tmp_path):
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError

@@ -51,6 +51,7 @@ def _retained(make) -> int:
     return size
 
 
+@pytest.mark.slow
 def test_dataset_keeps_per_chip_numbers_not_rows(sim_root):
     pytest.importorskip("torch")
     from local_damage.data import ChipPairDataset

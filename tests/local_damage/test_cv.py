@@ -153,6 +153,7 @@ def test_cv_resumes_and_reuses_finished_folds(cv_run, store, configs, capsys):
     assert [m["name"] for m in after["methods"]] == ["local", "ce"] and not after["failed"]
 
 
+@pytest.mark.slow
 def test_cv_refuses_a_folder_of_another_config(cv_run, store, configs, capsys):
     out, _ = cv_run
     args = ["cv", "--config", str(configs["local"]), "--chips", str(store), "--out", str(out)]
