@@ -38,10 +38,10 @@ from app.scoring.common import (
     ScoreOptions,
     ScoreReport,
     bounded_gdal_cache,
-    check_outputs,
     image_georef,
 )
 from app.scoring.scene import score_scene
+from app.scoring.writer import OutputPaths
 from app.scoring.xbd import score_xbd
 from data_prep.imagery import ImageError, split_file_message
 from data_prep.mosaic import SceneError, open_scene
@@ -269,7 +269,7 @@ def score_scene_detected(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    check_outputs(out, raster, overlay)
+    OutputPaths(out, raster, overlay, web_map).check()
     localizer = require_localizer(localizer, "--buildings")
     with temporary_folder() as tmp:
         found = detect_scene_footprints(
@@ -325,7 +325,8 @@ def score_xbd_detected(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    if check_outputs(out, raster, overlay) == "geojson" and image_georef(pre)[0] is None:
+    fmt = OutputPaths(out, raster, overlay, web_map).check()
+    if fmt == "geojson" and image_georef(pre)[0] is None:
         raise SceneError(
             pre,
             "is not georeferenced, so the buildings detected on it cannot be placed in "

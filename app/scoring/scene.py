@@ -45,17 +45,15 @@ from app.scoring.common import (
     ScoreOptions,
     ScoreReport,
     Scores,
-    all_or_nothing,
     bounded_gdal_cache,
-    check_outputs,
     flag_oversized,
     grade_rule,
     record_order,
     report_counts,
     to_crs,
-    write_features,
 )
 from app.scoring.order import check_order
+from app.scoring.writer import OutputPaths, SceneLayout, write_outputs
 from data_prep.alignment import align_scene
 from data_prep.footprints import load_footprints, read_footprint_file
 from data_prep.mosaic import open_scene
@@ -167,9 +165,8 @@ def score_scene(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    fmt = check_outputs(out, raster, overlay)
-    if web_map is not None:
-        webmap.check_map_path(web_map)
+    paths = OutputPaths(out, raster, overlay, web_map)
+    paths.check()
     name = name or Path(buildings).stem
     class_names = tuple(predictor.class_names)
     report = ScoreReport(
@@ -252,21 +249,9 @@ def score_scene(
             )
         record_order(report, order)
 
-        with all_or_nothing(report), timer.stage("outputs"):
-            _scene_outputs(
-                predictor,
-                scene,
-                footprints,
-                table,
-                scores,
-                report,
-                fmt,
-                out,
-                raster,
-                overlay,
-                options.block_size,
-                web_map,
-            )
+        with timer.stage("outputs"):
+            layout = _layout(scene, footprints, table, report, options.block_size)
+            write_outputs(paths, layout, scores, report, predictor)
     report.seconds = time.perf_counter() - start
     if options.profile:
         report.stages = timer.as_dict()
@@ -282,51 +267,36 @@ def _pixel_areas(footprints, grid, n: int) -> np.ndarray:
     return areas
 
 
-def _scene_outputs(
-    predictor, scene, footprints, table, scores, report, fmt, out, raster, overlay, block_size,
-    web_map=None,
-) -> None:  # fmt: skip
-    """Write the raster, the overlay, the map and then the vector file of a scored scene."""
-    n, class_names = len(table.geometries), report.class_names
+def _layout(scene, footprints, table: _FeatureTable, report: ScoreReport, block_size: int):
+    """Where the scene's features lie on the pre grid, for :func:`write_outputs`."""
     grid = scene.grid
-    pixel = np.empty(n, dtype=object)
+    pixel = np.empty(len(table.geometries), dtype=object)
     pixel[footprints.rows] = grid.to_pixels(footprints.geometries)
-    if raster is not None:
-        outputs.write_class_raster(
-            raster,
-            pixel,
-            scores.class_id,
-            grid.width,
-            grid.height,
-            crs=grid.crs,
-            transform=grid.transform,
-            class_names=class_names,
-            block_size=max(block_size, 256),
-        )
-        report.outputs["raster"] = str(raster)
-    if overlay is not None:
-        w, h = outputs.overlay_size(grid.width, grid.height)
-        image = outputs.mosaic_preview(scene.post, grid, w, h)
-        outputs.write_overlay(
-            overlay,
-            image,
-            pixel,
-            scores.class_id,
-            (w / grid.width, h / grid.height),
-            class_names,
-            flagged=scores.flags != "",
-        )
-        report.outputs["overlay"] = str(overlay)
-    if web_map is not None:
-        lonlat = to_crs(table.geometries, table.crs, "OGC:CRS84")
-        columns, masks = scores.columns(class_names)
-        webmap.scene_map(
-            web_map, scene, lonlat, columns, masks, table.uids, class_names, report.scene
-        )
-        report.outputs["map"] = str(web_map)
+    return SceneLayout(
+        pixel=pixel,
+        width=grid.width,
+        height=grid.height,
+        crs=grid.crs,
+        transform=grid.transform,
+        attributes=table.attributes,
+        masks=table.masks,
+        preview=lambda w, h: outputs.mosaic_preview(scene.post, grid, w, h),
+        draw_map=lambda path, columns, masks: webmap.scene_map(
+            path,
+            scene,
+            to_crs(table.geometries, table.crs, "OGC:CRS84"),
+            columns,
+            masks,
+            table.uids,
+            report.class_names,
+            report.scene,
+        ),
+        placed=lambda fmt: _placed(table, grid.crs, fmt),
+        raster_block=max(block_size, 256),
+    )
 
-    if fmt == "geojson":
-        geometries, crs = to_crs(table.geometries, table.crs, "OGC:CRS84"), "OGC:CRS84"
-    else:
-        geometries, crs = to_crs(table.geometries, table.crs, grid.crs), grid.crs
-    write_features(out, geometries, crs, table.attributes, table.masks, scores, report, predictor)
+
+def _placed(table: _FeatureTable, grid_crs, fmt: str) -> tuple[np.ndarray, object]:
+    """The vector output's geometries and CRS: CRS84 for GeoJSON, the pre grid's otherwise."""
+    crs = "OGC:CRS84" if fmt == "geojson" else grid_crs
+    return to_crs(table.geometries, table.crs, crs), crs

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from app.scoring import outputs, webmap
+from app.scoring import webmap
 from app.scoring.common import (
     NOT_COVERED,
     SKIPPED,
@@ -27,18 +27,16 @@ from app.scoring.common import (
     ScoreOptions,
     ScoreReport,
     Scores,
-    all_or_nothing,
     bounded_gdal_cache,
-    check_outputs,
     flag_oversized,
     grade_rule,
     image_georef,
     record_order,
     report_counts,
     to_crs,
-    write_features,
 )
 from app.scoring.order import check_order
+from app.scoring.writer import OutputPaths, SceneLayout, write_outputs
 from data_prep.alignment import align_images
 from data_prep.errors import not_found
 from data_prep.grid import Grid
@@ -143,9 +141,8 @@ def score_xbd(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    fmt = check_outputs(out, raster, overlay)
-    if web_map is not None:
-        webmap.check_map_path(web_map)
+    paths = OutputPaths(out, raster, overlay, web_map)
+    paths.check()
     labels = Path(labels)
     name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
     class_names = tuple(predictor.class_names)
@@ -174,7 +171,6 @@ def score_xbd(
             f"{pre_img.shape[1]}x{pre_img.shape[0]} px; xBD mode needs pixel-aligned pairs "
             "(use --buildings with georeferenced GeoTIFFs to have post warped onto pre)",
         )
-    height, width = pre_img.shape[:2]
     crs, transform = image_georef(pre)
 
     post_img, shift = align_images(
@@ -233,82 +229,89 @@ def score_xbd(
     )
     record_order(report, order)
 
-    with bounded_gdal_cache(), all_or_nothing(report):
-        pixel = np.empty(n, dtype=object)
-        pixel[:] = [
-            None
-            if f["wkt"] is None or scores.status[i].startswith(SKIPPED)
-            else _safe_wkt(f["wkt"])
-            for i, f in enumerate(features)
-        ]
-        if raster is not None:
-            outputs.write_class_raster(
-                raster,
-                pixel,
-                scores.class_id,
-                width,
-                height,
-                crs=crs,
-                transform=transform,
-                class_names=class_names,
-            )
-            report.outputs["raster"] = str(raster)
-        if overlay is not None:
-            import cv2
-
-            w, h = outputs.overlay_size(width, height)
-            image = (
-                post_img
-                if (w, h) == (width, height)
-                else cv2.resize(post_img, (w, h), interpolation=cv2.INTER_AREA)
-            )
-            outputs.write_overlay(
-                overlay,
-                image,
-                pixel,
-                scores.class_id,
-                (w / width, h / height),
-                class_names,
-                flagged=scores.flags != "",
-            )
-            report.outputs["overlay"] = str(overlay)
-        if web_map is not None:
-            columns, masks = scores.columns(class_names)
-            uids = [f["uid"] for f in features]
-            webmap.image_map(web_map, (pre_img, post_img), crs, transform, pixel, columns,
-                             masks, uids, class_names, name)  # fmt: skip
-            report.outputs["map"] = str(web_map)
-
-        georef = None
-        if crs is not None:
-            georef = Grid(crs=crs, transform=transform, width=width, height=height)
-        if fmt == "geojson":
-            geometries = np.empty(n, dtype=object)
-            geometries[:] = [_safe_wkt(lonlat_wkt.get(f["uid"])) for f in features]
-            missing = np.array([g is None for g in geometries], dtype=bool) & np.array(
-                [p is not None for p in pixel], dtype=bool
-            )
-            if missing.any() and georef is not None:
-                geometries[missing] = to_crs(georef.from_pixels(pixel[missing]), crs, "OGC:CRS84")
-            if all(g is None for g in geometries) and n:
-                raise SceneError(
-                    labels,
-                    "has no features.lng_lat polygons and the images are not georeferenced, so "
-                    "buildings cannot be placed in longitude/latitude for GeoJSON; write a .gpkg "
-                    "instead (pixel coordinates)",
-                )
-            out_crs = "OGC:CRS84"
-        elif georef is not None:
-            present = np.array([p is not None for p in pixel])
-            geometries = np.empty(n, dtype=object)
-            geometries[present] = georef.from_pixels(pixel[present])
-            out_crs = crs
-        else:
-            geometries, out_crs = pixel, None
-        attributes, masks = _xbd_attributes(features)
-        write_features(out, geometries, out_crs, attributes, masks, scores, report, predictor)
+    with bounded_gdal_cache():
+        images = (pre_img, post_img)
+        layout = _layout(features, lonlat_wkt, scores, report, images, (crs, transform), labels)
+        write_outputs(paths, layout, scores, report, predictor)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _layout(features, lonlat_wkt, scores, report, images, georef, labels) -> SceneLayout:
+    """Where the label file's buildings lie on the image's pixel grid, for :func:`write_outputs`
+    (buildings left out have no pixel footprint)."""
+    (pre_img, post_img), (crs, transform) = images, georef
+    height, width = pre_img.shape[:2]
+    pixel = np.empty(len(features), dtype=object)
+    pixel[:] = [
+        None if f["wkt"] is None or scores.status[i].startswith(SKIPPED) else _safe_wkt(f["wkt"])
+        for i, f in enumerate(features)
+    ]
+    grid = None if crs is None else Grid(crs=crs, transform=transform, width=width, height=height)
+    uids = [f["uid"] for f in features]
+    attributes, masks = _xbd_attributes(features)
+    return SceneLayout(
+        pixel=pixel,
+        width=width,
+        height=height,
+        crs=crs,
+        transform=transform,
+        attributes=attributes,
+        masks=masks,
+        preview=lambda w, h: _resized(post_img, w, h),
+        draw_map=lambda path, columns, masks: webmap.image_map(
+            path,
+            images,
+            crs,
+            transform,
+            pixel,
+            columns,
+            masks,
+            uids,
+            report.class_names,
+            report.scene,
+        ),
+        placed=lambda fmt: _placed(fmt, features, lonlat_wkt, pixel, grid, labels),
+    )
+
+
+def _resized(image: np.ndarray, w: int, h: int) -> np.ndarray:
+    """``image`` at ``w`` x ``h`` pixels (area averaging), itself when already that size."""
+    import cv2
+
+    if image.shape[1] == w and image.shape[0] == h:
+        return image
+    return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA)
+
+
+def _placed(fmt: str, features, lonlat_wkt, pixel: np.ndarray, grid: Grid | None, labels):
+    """The vector output's geometries and CRS: ``lng_lat`` polygons (or georeferenced pixel
+    ones) in CRS84 for GeoJSON; pixel polygons in the image's CRS, or without one, otherwise.
+
+    Raises:
+        SceneError: GeoJSON for buildings that cannot be placed in longitude/latitude.
+    """
+    n = len(features)
+    present = np.array([p is not None for p in pixel], dtype=bool)
+    if fmt != "geojson":
+        if grid is None:
+            return pixel, None
+        geometries = np.empty(n, dtype=object)
+        geometries[present] = grid.from_pixels(pixel[present])
+        return geometries, grid.crs
+    geometries = np.empty(n, dtype=object)
+    geometries[:] = [_safe_wkt(lonlat_wkt.get(f["uid"])) for f in features]
+    missing = np.array([g is None for g in geometries], dtype=bool) & present
+    if missing.any() and grid is not None:
+        geometries[missing] = to_crs(grid.from_pixels(pixel[missing]), grid.crs, "OGC:CRS84")
+    if all(g is None for g in geometries) and n:
+        raise SceneError(
+            labels,
+            "has no features.lng_lat polygons and the images are not georeferenced, so "
+            "buildings cannot be placed in longitude/latitude for GeoJSON; write a .gpkg "
+            "instead (pixel coordinates)",
+        )
+    return geometries, "OGC:CRS84"
 
 
 def _safe_wkt(wkt: str | None):
