@@ -315,6 +315,7 @@ def test_card_and_cli_parser(score_model, tmp_path, capsys):
     assert main(["app", "--model", str(bad)]) == 2
 
 
+@pytest.mark.slow
 def test_building_table_has_the_source_column(score_model, tmp_path):
     """The table the app shows has the columns the rows carry, ``source`` among them."""
     from app.web.app import build_app

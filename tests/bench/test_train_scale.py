@@ -119,6 +119,7 @@ class _OpenCVThreads:
         return cv2.getNumThreads()
 
 
+@pytest.mark.slow
 def test_loader_workers_run_opencv_on_one_thread(sim_root):
     """Each of N workers starting OpenCV's pool of one thread per core oversubscribes the
     cores; the training loader's workers run it on one thread, the process itself keeps its own."""
