@@ -290,7 +290,8 @@ def test_joplin_post_moved_through_its_transform(tmp_path):
     both = (r["status"] == "scored") & (g["status"] == "scored")
     assert both.sum() > 300
     agree = (r.loc[both, "damage_id"] == g.loc[both, "damage_id"]).mean()
-    assert agree >= 0.95, agree  # the goal; 0.997 with the bundled model (docs/scoring.md)
+    # the goal of docs/scoring.md; 0.978 with the bundled model (2-core AMD EPYC, AVX2)
+    assert agree >= 0.95, agree
     # the shift is in both outputs' metadata
     ref_meta = json.loads((tmp_path / "ref.geojson").read_text())["local_damage_alignment"]
     assert ref_meta["mode"] == "auto" and "per_block" in ref_meta
