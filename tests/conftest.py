@@ -177,7 +177,7 @@ def store(base, chips):
 
 @pytest.fixture(scope="module")
 def rect_scene(tmp_path_factory) -> dict:
-    """The bright rectangles on dark ground of tests/app/test_detect.py (``make_rect_scene``)."""
-    from tests.app.test_detect import make_rect_scene
+    """The bright rectangles on dark ground of tests/app/rects.py (``make_rect_scene``)."""
+    from tests.app.rects import make_rect_scene
 
     return make_rect_scene(tmp_path_factory.mktemp("rects"))

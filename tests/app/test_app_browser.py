@@ -286,7 +286,7 @@ def test_browser_assess_tile_without_footprints(server, bench_model, bench_tile)
 
     from runtime.localizer import Localizer
     from runtime.registry import LOCALIZER_NAME
-    from tests.app.test_detect import make_localizer
+    from tests.app.rects import make_localizer
 
     pre, post, _ = bench_tile
     # a brightness localiser (a real ONNX graph): the synthetic roofs are brighter than the ground

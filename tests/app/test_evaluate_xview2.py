@@ -269,7 +269,7 @@ def test_detected_with_the_localiser_runtime(tmp_path, synthetic_xbd, score_mode
     from data_prep.imagery import read_rgb
     from data_prep.synthetic import tile_name
     from runtime.localizer import Localizer
-    from tests.app.test_detect import make_localizer
+    from tests.app.rects import make_localizer
 
     loc = make_localizer(tmp_path / "localizer.onnx", level=100.0)
     out = tmp_path / "out"

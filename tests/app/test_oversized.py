@@ -2,7 +2,7 @@
 learnt from (its metadata's ``largest_building_px``) is graded but flagged, in scene and xBD
 modes and in the app; given footprints never are.
 
-The synthetic scenes and the brightness localiser are those of ``tests/app/test_detect.py``; the
+The synthetic scenes and the brightness localiser are those of ``tests/app/rects.py``; the
 real case is the shipped localiser on the xBD tile where it takes a bank of cloud for one
 building (models/localizer.md).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.app.test_detect import DAMAGE_MODEL, RECTS, RES, make_localizer
+from tests.app.rects import DAMAGE_MODEL, RECTS, RES, make_localizer
 from tests.conftest import REPO, run_cli, shared_data
 
 #: Between the areas of the test scene's rectangles (720-1,296 px): some above, some below.

@@ -313,7 +313,7 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
     from runtime.contract import CPU_ONLY, open_session, read_metadata
-    from tests.app.test_detect import make_localizer
+    from tests.app.rects import make_localizer
 
     run, _ = tiny_run
     path = tmp_path / "localizer.onnx"
