@@ -99,6 +99,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     model = args.model if args.model is not None else default_model()
     if args.scene_only:
+        ignored = [
+            flag
+            for flag, given in (
+                ("--no-ood", args.no_ood),
+                ("--no-temperature", args.no_temperature),
+                ("--prototype-folds", args.prototype_folds),
+                ("--ood-quantile", args.ood_quantile != OOD_QUANTILE),
+            )
+            if given
+        ]
+        if ignored:
+            raise UsageError(
+                f"--scene-only changes only the scene reference and keeps the model's temperature "
+                f"and ood block as they are; leave out {', '.join(ignored)}"
+            )
         block = add_scene_reference(
             model,
             args.chips,

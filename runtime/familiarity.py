@@ -30,6 +30,8 @@ QUANTILE = 0.10
 MIN_BUILDINGS = 10
 #: Key of the reference in the ``ood`` metadata block, and of the result in reports and outputs.
 SCENE_KEY = "scene"
+#: The warning's first words, which the app shows as its heading.
+HEADLINE = "grades uncertain on this imagery"
 #: What the analyst is told to do about an unfamiliar scene.
 ADVICE = (
     "label a few buildings and adapt (`local-damage adapt`, or Correct and Adapt in the app) "
@@ -111,7 +113,7 @@ def scene_warning(result: Mapping[str, Any] | None) -> str:
         return ""
     share, q = result["share_below"], float(result.get("quantile", QUANTILE))
     return (
-        f"grades uncertain on this imagery: {share:.0%} of its {result['buildings']} scored "
+        f"{HEADLINE}: {share:.0%} of its {result['buildings']} scored "
         f"buildings look less like the imagery the model learnt from than {1 - q:.0%} of the "
         "buildings of the events it was trained on do (median familiarity "
         f"{result['median_familiarity']:.3f}"

@@ -476,18 +476,21 @@ class Flagger:
         embedding: np.ndarray | None = None,
         shift_px: Sequence[float | None] | None = None,
         context_px: Sequence[float | None] | None = None,
+        ood_scores: np.ndarray | None = None,
     ) -> list[list[str]]:
         """The flags of ``N`` chip pairs: uint8 ``[N, H, W, 3]`` chips, ``[N, D]`` embeddings,
-        ``N`` chip shifts and ``N`` context shifts (None, or a None entry: as in :meth:`pair`).
+        ``N`` chip shifts and ``N`` context shifts (None, or a None entry: as in :meth:`pair`);
+        ``ood_scores``: the embeddings' :meth:`OodCheck.scores` when the caller has them already.
 
         The same flags as :meth:`pair` of each pair, with the blank and sky checks done on the
         whole batch at once (:func:`data_prep.quality.blank_reasons`, :func:`sky_flags`)."""
         n = len(pre)
-        ood = (
-            self.ood.flagged(embedding)
-            if embedding is not None and self.ood is not None and n
-            else np.zeros(n, bool)
-        )
+        ood = np.zeros(n, bool)
+        if self.ood is not None and n:
+            if ood_scores is not None:
+                ood = np.asarray(ood_scores) < self.ood.threshold
+            elif embedding is not None:
+                ood = self.ood.flagged(embedding)
         pre, post = np.asarray(pre), np.asarray(post)
         blank = blank_reasons(pre, post) if n else []
         sky = sky_flags(pre, post) if n else []

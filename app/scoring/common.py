@@ -390,10 +390,14 @@ class Batcher:
             )
             self.scores.status[rows] = SCORED
         with self.timer.stage("flags"):
-            flags = self.flagger.batch(pre, post, pred.embedding, context_px=self.context)
-            self.scores.flags[rows] = [flags_text(names) for names in flags]
+            familiar = None  # each pair's ood score, which is also its familiarity
             if self.flagger.ood is not None and pred.embedding is not None:
-                self.scores.familiarity[rows] = self.flagger.ood.scores(pred.embedding)
+                familiar = self.flagger.ood.scores(pred.embedding)
+                self.scores.familiarity[rows] = familiar
+            flags = self.flagger.batch(
+                pre, post, pred.embedding, context_px=self.context, ood_scores=familiar
+            )
+            self.scores.flags[rows] = [flags_text(names) for names in flags]
         self.rows, self.pre, self.post, self.context = [], [], [], []
 
 

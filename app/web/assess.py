@@ -44,6 +44,7 @@ from data_prep.store import atomic_path, safe_name
 from data_prep.windows import chip_window, cut_building, resize_chip
 from data_prep.xbd_tiles import parse_buildings, read_tile_pair
 from runtime.contract import ModelError
+from runtime.familiarity import HEADLINE
 from runtime.localizer import Localizer
 from runtime.registry import LOCALIZER_NAME, default_localizer
 
@@ -302,8 +303,8 @@ class TileResult:
         if self.grades:
             lines[1:1] = ["", f"Grades: {self.grades}."]
         if self.uncertain:
-            text = self.uncertain.removeprefix("grades uncertain on this imagery: ")
-            lines[1:1] = ["", f"**Grades uncertain on this imagery**: {text}"]
+            text = self.uncertain.removeprefix(f"{HEADLINE}: ")
+            lines[1:1] = ["", f"**{HEADLINE.capitalize()}**: {text}"]
         if self.warning:
             lines[1:1] = ["", f"**Warning**: {self.warning.removeprefix('warning: ')}"]
         return "\n".join(lines)

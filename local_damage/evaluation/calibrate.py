@@ -172,6 +172,18 @@ def fit_ood(
     )
 
 
+def _fold_chips(scorer: OnnxScorer, chips: Path, fold: int | None) -> tuple[list[str], str, int]:
+    """``(chip ids, description, unlabelled left out)`` of the labelled chips of ``fold`` (every
+    labelled chip when None), with a warning when the chips were cut with another spec than the
+    model's or may include its training chips (:func:`fold_note`)."""
+    chip_ids, description, unlabelled = select_chips(chips, fold)
+    warn_spec_mismatch(scorer, chips)
+    note = fold_note(scorer.predictor.metadata, fold)
+    if note:
+        log.warning(note)
+    return chip_ids, description, unlabelled
+
+
 def calibrate_model(
     model: str | Path,
     chips: str | Path,
@@ -235,17 +247,13 @@ def calibrate_model(
     if prototype_ids is not None and prototype_folds is not None:
         raise CalibrationError("give prototype folds or prototype chips, not both")
     scorer = OnnxScorer(model)
-    note = None
     if chip_ids is None:
-        chip_ids, description, unlabelled = select_chips(chips, fold)
-        note = fold_note(scorer.predictor.metadata, fold)
+        chip_ids, description, unlabelled = _fold_chips(scorer, chips, fold)
     elif fold is not None:
         raise CalibrationError("give a calibration fold or calibration chips, not both")
     else:  # chips the caller chose (e.g. a validation slice); it answers for them
         chip_ids, description, unlabelled = list(chip_ids), selection, 0
-    warn_spec_mismatch(scorer, chips)
-    if note:
-        log.warning(note)
+        warn_spec_mismatch(scorer, chips)
     scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
     try:
         fitted_t = fit_temperature(scored.logits, scored.labels)
@@ -321,11 +329,7 @@ def add_scene_reference(
             f"{model}: no ood prototypes to measure familiarity against; calibrate without "
             "--scene-only first"
         )
-    chip_ids, description, _ = select_chips(chips, fold)
-    warn_spec_mismatch(scorer, chips)
-    note = fold_note(scorer.predictor.metadata, fold)
-    if note:
-        log.warning(note)
+    chip_ids, description, _ = _fold_chips(scorer, chips, fold)
     scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
     familiarity = check.scores(scored.z)
     block = dict(check.block)

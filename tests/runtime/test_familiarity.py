@@ -111,6 +111,30 @@ def test_scene_only_adds_the_reference_and_changes_nothing_else(
     assert "no ood prototypes" in capsys.readouterr().err
     assert not (tmp_path / "none.onnx").exists()
 
+    # options --scene-only would ignore are refused by name, before any work
+    argv = ["calibrate", "--model", older, "--chips", chips, "--scene-only", "--no-ood"]
+    assert run_cli(*argv, "--out", tmp_path / "ignored.onnx", "--quiet") == 2
+    assert "leave out --no-ood" in capsys.readouterr().err
+    assert not (tmp_path / "ignored.onnx").exists()
+
+
+@pytest.mark.slow
+def test_flags_from_scores_given_equal_flags_from_embeddings(referenced):
+    """Scoring hands the flagger the ood scores it computed for the familiarity: the same flags
+    as the flagger computing them from the embeddings."""
+    from runtime.flags import Flagger
+    from runtime.predictor import Predictor
+
+    flagger = Flagger(Predictor(referenced).metadata)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(40, flagger.ood.prototypes.shape[1]))
+    z[::3] = -flagger.ood.prototypes.sum(0)  # far from every prototype: ood
+    pre = rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8)
+    post = rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8)
+    plain = flagger.batch(pre, post, z)
+    given = flagger.batch(pre, post, z, ood_scores=flagger.ood.scores(z))
+    assert given == plain and any("ood" in f for f in plain)
+
 
 def _score(model, scene, out: Path, capsys) -> tuple[str, dict]:
     import pyogrio

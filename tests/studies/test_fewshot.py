@@ -372,3 +372,28 @@ def test_area_draws_keep_every_block_on_one_side():
     assert sorted(np.concatenate([pool, graded]).tolist()) == list(range(len(blocks)))
     with pytest.raises(FewShotError, match="takes them all"):
         area_split(np.array(["a"] * 40), np.arange(40), 20, rng)
+
+
+def test_scores_count_the_intact_buildings_called_damaged():
+    from studies.fewshot_measure import _scores
+
+    y = np.array([0, 0, 0, 0, 1, 3])
+    pred = np.array([0, 1, 3, 0, 1, 3])  # two of the four intact called damaged
+    s = _scores(y, pred, list(CLASS_NAMES))
+    assert s["intact_damaged"] == 0.5 and s["accuracy"] == pytest.approx(4 / 6, abs=1e-6)
+    assert _scores(np.array([1, 3]), np.array([1, 3]), list(CLASS_NAMES))["intact_damaged"] is None
+
+
+def test_a_draw_that_loses_accuracy_counts_as_worse():
+    """Worse: macro-F1 below the same repeat's base by more than 0.01, or accuracy by more than
+    0.02; a draw level on macro-F1 but 0.03 lower in accuracy is counted."""
+    from studies.fewshot_report import worse_shares
+
+    base = {"event": "e", "k": 0, "arm": "finetune", "macro_f1": 0.40, "accuracy": 0.60}
+    rows = [{**base, "repeat": r} for r in range(3)] + [
+        {**base, "repeat": 0, "k": 100, "macro_f1": 0.40, "accuracy": 0.57},  # accuracy -0.03
+        {**base, "repeat": 1, "k": 100, "macro_f1": 0.385, "accuracy": 0.60},  # macro-F1 -0.015
+        {**base, "repeat": 2, "k": 100, "macro_f1": 0.395, "accuracy": 0.585},  # within both
+    ]
+    share = worse_shares(rows, ["finetune"], [0, 100])["finetune"]["100"]
+    assert share == {"share": pytest.approx(2 / 3), "n": 3}
