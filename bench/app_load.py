@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -362,12 +363,42 @@ def tally(requests: list[dict[str, Any]]) -> dict[str, Any]:
             "p50_s": p50, "p95_s": p95, "max_s": max(seconds, default=None)}  # fmt: skip
 
 
-def bench_app(model: str | os.PathLike | None = None, clients: list[int] | tuple[int, ...] = (8,),
-              tiles: int = 2, corrections: int = 2, tiles_dir: str | os.PathLike | None = None,
-              timeout: float = TIMEOUT, baseline: bool = True, host: str = "127.0.0.1",
-              tile_size: int = SYNTHETIC_SIZE) -> dict[str, Any]:  # fmt: skip
+@dataclass(frozen=True)
+class AppLoadOptions:
+    """The load `bench app` puts on the app (the flags of the same names).
+
+    Attributes:
+        clients: one load level per count: that many simulated analysts at once (each at most
+            :data:`MAX_CLIENTS`).
+        tiles: tiles each analyst assesses (at most :data:`MAX_TILES`).
+        corrections: corrections saved after each assessment.
+        tiles_dir: xBD folder whose first ``tiles`` tiles are assessed (None: synthetic tiles).
+        timeout: seconds from the app's first answer after which nothing more is sent.
+        baseline: measure one analyst, the tiles one after another, first (the ratios' base).
+        host: interface the app binds: ``127.0.0.1`` or ``localhost`` (:data:`LOOPBACK`).
+        tile_size: side in pixels of the synthetic tiles.
+    """
+
+    clients: tuple[int, ...] = (8,)
+    tiles: int = 2
+    corrections: int = 2
+    tiles_dir: str | os.PathLike | None = None
+    timeout: float = TIMEOUT
+    baseline: bool = True
+    host: str = "127.0.0.1"
+    tile_size: int = SYNTHETIC_SIZE
+
+
+def bench_app(
+    model: str | os.PathLike | None = None, options: AppLoadOptions | None = None
+) -> dict[str, Any]:
     """Serve the app in its own process (a temporary work folder) and measure it: the baseline
-    (unless ``baseline`` is False), then ``n`` clients at once for each ``n`` of ``clients``.
+    (unless ``options.baseline`` is False), then ``n`` clients at once for each ``n`` of
+    ``options.clients``.
+
+    Args:
+        model: the model file (None: the bundled default model).
+        options: the load (default ``AppLoadOptions()``).
 
     Returns:
         The figures (:func:`format_result` prints them); ``levels``: one entry per level.
@@ -376,15 +407,18 @@ def bench_app(model: str | os.PathLike | None = None, clients: list[int] | tuple
         AppLoadError: a setting out of bounds (a host other than loopback), too few tiles, an
             app that did not start or answer.
     """
-    clients = list(clients)
-    if host not in LOOPBACK:
-        raise AppLoadError(f"--host {host}: the app is served on 127.0.0.1 or localhost only")
+    o = options or AppLoadOptions()
+    clients, tiles, tiles_dir = list(o.clients), o.tiles, o.tiles_dir
+    if o.host not in LOOPBACK:
+        raise AppLoadError(f"--host {o.host}: the app is served on 127.0.0.1 or localhost only")
     if not clients or min(clients) < 1 or max(clients) > MAX_CLIENTS:
         raise AppLoadError(f"--clients must be between 1 and {MAX_CLIENTS}, got {clients}")
     if not 1 <= tiles <= MAX_TILES:
         raise AppLoadError(f"--tiles must be between 1 and {MAX_TILES}, got {tiles}")
-    if corrections < 0 or not timeout > 0:
-        raise AppLoadError(f"--corrections {corrections} --timeout {timeout:g}: give C >= 0, S > 0")
+    if o.corrections < 0 or not o.timeout > 0:
+        raise AppLoadError(
+            f"--corrections {o.corrections} --timeout {o.timeout:g}: give C >= 0, S > 0"
+        )
     model = Path(model if model is not None else default_model()).resolve()
     with tempfile.TemporaryDirectory(prefix="bench-app-", ignore_cleanup_errors=True) as tmp:
         tmp = Path(tmp)
@@ -393,20 +427,21 @@ def bench_app(model: str | os.PathLike | None = None, clients: list[int] | tuple
             from data_prep.synthetic import make_xbd
 
             try:
-                tiles_dir = make_xbd(tmp / "tiles", seed=0, n_tiles=tiles, size=tile_size)
+                tiles_dir = make_xbd(tmp / "tiles", seed=0, n_tiles=tiles, size=o.tile_size)
             except ValueError as exc:
                 raise AppLoadError(f"synthetic tiles: {exc}") from exc
-            source = f"synthetic {tile_size} px tile(s) (data_prep.synthetic, not real imagery)"
+            source = f"synthetic {o.tile_size} px tile(s) (data_prep.synthetic, not real imagery)"
         chosen = find_tiles(tiles_dir, tiles)
         (tmp / "downloads").mkdir()
-        run = {"tiles": chosen, "model": str(model), "corrections": corrections,
-               "timeout": timeout, "stop": threading.Event(),
+        run = {"tiles": chosen, "model": str(model), "corrections": o.corrections,
+               "timeout": o.timeout, "stop": threading.Event(),
                "downloads": tmp / "downloads", "classes": []}  # fmt: skip
-        with Server(model, host, tmp) as server:
-            plan = ([("baseline", 1)] if baseline else []) + [(f"{n} clients", n) for n in clients]
+        with Server(model, o.host, tmp) as server:
+            plan = [("baseline", 1)] if o.baseline else []
+            plan += [(f"{n} clients", n) for n in clients]
             result = measure(server, run, plan)
     return {"model": str(model), "tiles": source, "tile_names": [t.name for t in chosen],
-            "corrections_per_assessment": corrections, "timeout_s": timeout, **result}  # fmt: skip
+            "corrections_per_assessment": o.corrections, "timeout_s": o.timeout, **result}  # fmt: skip
 
 
 def measure(server: Server, run: dict[str, Any], plan: list[tuple[str, int]]) -> dict[str, Any]:
@@ -539,9 +574,11 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = bench_app(
-        args.model, args.clients, args.tiles, args.corrections, args.tiles_dir, args.timeout,
-        not args.no_baseline, args.host, args.tile_size,
+    options = AppLoadOptions(
+        clients=tuple(args.clients), tiles=args.tiles, corrections=args.corrections,
+        tiles_dir=args.tiles_dir, timeout=args.timeout, baseline=not args.no_baseline,
+        host=args.host, tile_size=args.tile_size,
     )  # fmt: skip
+    result = bench_app(args.model, options)
     print(json.dumps(result, indent=2, default=str) if args.json else format_result(result))
     return 0

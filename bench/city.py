@@ -33,11 +33,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from app.scoring.batch import SceneJob, score_batch
+from app.scoring.batch import BatchPlan, SceneJob, score_batch
 from app.scoring.common import ScoreOptions
 from app.scoring.scene import score_scene
 from bench.score_core import one_opencv_thread
-from data_prep.engine import EngineError, open_client
+from data_prep.engine import Engine, EngineError, open_client
 from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_large_scene
@@ -146,7 +146,11 @@ def score_workers(
             SceneJob(f"warm{i}", warm.pre, warm.post, warm.buildings) for i in range(2 * workers)
         ]
         score_batch(
-            predictor, warm_jobs, out / "warm", options=options, workers=workers, client=client
+            predictor,
+            warm_jobs,
+            out / "warm",
+            options=options,
+            engine=Engine(workers, client=client),
         )
         for scene in scenes:
             jobs = districts(scene, 2 * workers)
@@ -155,10 +159,9 @@ def score_workers(
                 predictor,
                 jobs,
                 out / scene.name,
-                fmt="gpkg",
+                BatchPlan(fmt="gpkg"),
                 options=options,
-                workers=workers,
-                client=client,
+                engine=Engine(workers, client=client),
             )
             seconds = time.perf_counter() - start
             done = [s["report"] for s in report.scenes if s.get("status") == "scored"]

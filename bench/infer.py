@@ -24,6 +24,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,17 +107,37 @@ def _onnx(path: Path, threads: int | None, providers: list[str]):
     return run, "CUDA" if session.get_providers()[0] == "CUDAExecutionProvider" else "CPU"
 
 
+@dataclass(frozen=True)
+class InferBenchOptions:
+    """How `bench infer` measures (the flags of the same names); the models measured are
+    :func:`bench_infer`'s arguments.
+
+    Attributes:
+        input_size: model input side in pixels (with a trained run: the run's own).
+        batch_size: pairs per call, the same for every runtime.
+        pairs: chip pairs per timed pass.
+        threads: ONNX Runtime intra-op thread counts to measure (``None``: its default).
+        int8_methods: int8 quantizations to measure (``static`` and/or ``dynamic``).
+        calibration: chips for static int8 calibration (not among the timed ones).
+        repeat: timed passes per row; the fastest counts.
+        seed: seed of the random weights and of the synthetic data.
+    """
+
+    input_size: int = 128
+    batch_size: int = 32
+    pairs: int = 128
+    threads: Sequence[int | None] = (None,)
+    int8_methods: Sequence[str] = ("static",)
+    calibration: int = 64
+    repeat: int = 2
+    seed: int = 0
+
+
 def bench_infer(
     encoders: Sequence[str] = DEFAULT_ENCODERS,
-    input_size: int = 128,
-    batch_size: int = 32,
-    pairs: int = 128,
     run: str | os.PathLike | None = None,
-    threads: Sequence[int | None] = (None,),
-    int8_methods: Sequence[str] = ("static",),
-    calibration: int = 64,
-    repeat: int = 2,
-    seed: int = 0,
+    options: InferBenchOptions | None = None,
+    *,
     as_json: bool = False,
     print_result: bool = True,
 ) -> dict[str, Any]:
@@ -124,16 +145,10 @@ def bench_infer(
 
     Args:
         encoders: encoders of the randomly initialised models (ignored with ``run``).
-        input_size: model input side in pixels (with ``run``: the run's own).
-        batch_size: pairs per call, the same for every runtime.
-        pairs: chip pairs per timed pass.
         run: a trained run folder: its model and its validation chips (training chips for int8
             calibration) instead of random models and synthetic chips.
-        threads: ONNX Runtime intra-op thread counts to measure (``None``: its default).
-        int8_methods: int8 quantizations to measure (``static`` and/or ``dynamic``).
-        calibration: chips for static int8 calibration (not among the timed ones).
-        repeat: timed passes per row; the fastest counts.
-        seed: seed of the random weights and of the synthetic data.
+        options: sizes, thread counts, quantizations, passes and seed (default
+            ``InferBenchOptions()``).
         as_json: print the rows as JSON records instead of a table.
         print_result: print at all.
 
@@ -152,6 +167,9 @@ def bench_infer(
     from local_damage.export.run import load_run
     from local_damage.models import ModelConfig, build_model
 
+    o = options or InferBenchOptions()
+    input_size, pairs = o.input_size, o.pairs
+    batch_size, repeat, seed = o.batch_size, o.repeat, o.seed
     cuda = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else None
     device = "cuda" if cuda else "cpu"
@@ -162,7 +180,9 @@ def bench_infer(
         store = Path(str(info.summary.get("chips") or ""))
         if not (store / "manifest.csv").is_file():
             raise RunFileNotFoundError(f"{run}: the run's chip store {store} is not available")
-        val_ids, _, calib_ids = chip_selection(store, info.summary.get("fold"), pairs, calibration)
+        val_ids, _, calib_ids = chip_selection(
+            store, info.summary.get("fold"), pairs, o.calibration
+        )
         # validation chips first, then other chips of the store that calibration did not use
         taken = set(val_ids) | set(calib_ids)
         others = [c for c in read_manifest(store)["chip_id"] if c not in taken]
@@ -175,8 +195,8 @@ def bench_infer(
         )
         models = [(info.cfg.model.encoder, info.model, f"trained run {run}")]
     else:
-        pre, post, _ = synthetic_chips(pairs + calibration, input_size, seed)
-        calib = (pre[pairs : pairs + calibration], post[pairs : pairs + calibration])
+        pre, post, _ = synthetic_chips(pairs + o.calibration, input_size, seed)
+        calib = (pre[pairs : pairs + o.calibration], post[pairs : pairs + o.calibration])
         pre, post = pre[:pairs], post[:pairs]
         chips_what = f"{len(pre)} synthetic chips (data_prep.synthetic, seed {seed})"
         models = []
@@ -197,7 +217,7 @@ def bench_infer(
             fp32 = Path(tmp) / f"{enc}.onnx"
             export_onnx(model, fp32, input_size, {"input_size": input_size})
             variants: list[tuple[str, str, Path]] = [("fp32", "fp32", fp32)]
-            for method in int8_methods:
+            for method in o.int8_methods:
                 path = Path(tmp) / f"{enc}.int8-{method}.onnx"
                 quantize_int8(fp32, path, calib, method=method)
                 variants.append((f"int8 {method}", "int8", path))
@@ -215,7 +235,7 @@ def bench_infer(
                 _row(eager_name, "fp32", torch.get_num_threads(), base, base, ref, ref, unique)
             ]
             for label, precision, path in variants:
-                for th in threads:
+                for th in o.threads:
                     fn, where = _onnx(path, th, providers or ["CPUExecutionProvider"])
                     fn(pre[:batch_size], post[:batch_size], batch_size)  # warm-up
                     seconds, out = _best_time(lambda f=fn: f(pre, post, batch_size), repeat)
@@ -303,17 +323,20 @@ def format_table(figures: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    bench_infer(
-        encoders=[e for text in args.encoders for e in text.split(",") if e],
+    options = InferBenchOptions(
         input_size=args.input_size,
         batch_size=args.batch_size,
         pairs=args.pairs,
-        run=args.run,
         threads=args.threads,
         int8_methods=args.int8,
         calibration=args.calibration,
         repeat=args.repeat,
         seed=args.seed,
+    )
+    bench_infer(
+        encoders=[e for text in args.encoders for e in text.split(",") if e],
+        run=args.run,
+        options=options,
         as_json=args.json,
     )
     return 0

@@ -16,10 +16,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from data_prep.engine import open_client
+from data_prep.engine import Engine, open_client
 from data_prep.spec import ChipSpec
 from data_prep.text_table import Column, text_table
-from data_prep.xbd import prepare_xbd, run_tiles, worker_setup
+from data_prep.xbd import XbdOptions, prepare_xbd, run_tiles, worker_setup
 from data_prep.xbd_tiles import find_tiles, read_tile_image
 
 #: Targets the figures are held to: extraction at least this share of the decode-only rate on
@@ -154,12 +154,13 @@ def bench_prepare(
         # one cluster per worker count, started (and warmed up) before any timing, so that both
         # measurements see the same running workers
         with open_client(w) as client:
+            engine = Engine(workers=w, client=client)
             if client is not None:
-                run_tiles(_warm_up, [None] * (2 * w), client=client, progress=False)
+                run_tiles(_warm_up, [None] * (2 * w), engine, progress=False)
             for _ in range(max(int(repeat), 1)):  # alternate, so both see the same conditions
                 cpu = _cpu_seconds(client)  # asked before the clock starts (an RPC)
                 start = time.perf_counter()
-                run_tiles(_decode_tile, per_tile, workers=w, progress=False, client=client)
+                run_tiles(_decode_tile, per_tile, engine, progress=False)
                 decode_s = min(decode_s, time.perf_counter() - start)
                 decode_cpu = min(decode_cpu, _cpu_seconds(client) - cpu)
                 with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
@@ -169,10 +170,9 @@ def bench_prepare(
                         roots,
                         Path(tmp) / "chips",
                         spec=spec,
-                        workers=w,
-                        limit=limit,
+                        options=XbdOptions(limit=limit),
+                        engine=engine,
                         progress=False,
-                        client=client,
                     )
                     extract_s = min(extract_s, time.perf_counter() - start)
                     extract_cpu = min(extract_cpu, _cpu_seconds(client) - cpu)

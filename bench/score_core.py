@@ -24,6 +24,7 @@ import numpy as np
 
 from app.scoring.batch import SceneJob, score_batch
 from app.scoring.common import STAGES, ScoreOptions
+from data_prep.engine import Engine
 from data_prep.synthetic_scene import make_large_scene
 from data_prep.timing import StageTimes
 from runtime.predictor import Predictor
@@ -90,7 +91,7 @@ def score_rate(predictor: Predictor, scenes: Sequence[SceneJob], repeat: int = 1
         with tempfile.TemporaryDirectory(prefix="bench-score-core-") as tmp:
             start = time.perf_counter()
             report = score_batch(
-                predictor, scenes, Path(tmp) / f"run{r}", options=options, workers=1
+                predictor, scenes, Path(tmp) / f"run{r}", options=options, engine=Engine(1)
             )
             seconds = time.perf_counter() - start
         done = [s["report"] for s in report.scenes if s.get("status") == "scored"]

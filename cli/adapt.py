@@ -10,9 +10,17 @@ from pathlib import Path
 
 from app.adapt.corrections import from_corrections, from_session, from_store, session_folder
 from app.adapt.fit import METHODS, UNLABELLED_RULES
-from app.adapt.labelled import LabelError, concat, from_chip_store, from_scene, from_xbd
+from app.adapt.labelled import (
+    LabelError,
+    ReadOptions,
+    concat,
+    from_chip_store,
+    from_scene,
+    from_xbd,
+)
 from app.adapt.model import (
     AdaptResult,
+    NetworkFit,
     adapt_model,
     base_of,
     calibration_after_adapt,
@@ -176,6 +184,7 @@ def read_inputs(args: argparse.Namespace, predictor):
     if (args.buildings or args.labels) and (not args.pre or not args.post):
         raise LabelError(f"{args.buildings or args.labels}: give the imagery with --pre and --post")
     event = None if args.chips else args.event
+    reading = ReadOptions(event, args.align)
     if args.buildings:
         parts.append(
             from_scene(
@@ -185,16 +194,13 @@ def read_inputs(args: argparse.Namespace, predictor):
                 spec,
                 names,
                 args.label_field,
-                event,
-                align=args.align,
+                options=reading,
             )
         )
     if args.labels:
         if len(args.pre) != 1 or len(args.post) != 1:
             raise LabelError(f"{args.labels}: xBD labels take exactly one --pre and one --post")
-        parts.append(
-            from_xbd(args.pre[0], args.post[0], args.labels, spec, names, True, event, args.align)
-        )
+        parts.append(from_xbd(args.pre[0], args.post[0], args.labels, spec, names, True, reading))
     # to rank, the whole assessed tile is the pool; to adapt, the corrections' own copies suffice
     # several assessments: one that cannot be read is reported and left out, the rest go on
     read = from_session if args.suggest is not None else from_corrections
@@ -367,18 +373,15 @@ def finetune_model(
         "unlabelled": 0 if unl is None else len(unl),
         **({"fixmatch": {"confidence": options.confidence, **result.semi}} if semi else {}),
     }
-    block = network_block(
+    fit = NetworkFit(
         method if result.epochs else "base",
-        names,
         int(result.net.cfg.embed_dim),
-        predictor.path,
-        base_meta,
-        labelled.counts(names),
         cv,
         result.seconds,
         details,
         1.0 if result.epochs else base_of(base_meta)[0],
     )
+    block = network_block(fit, names, predictor.path, base_meta, labelled.counts(names))
     if not result.epochs:  # the base network kept: its own graph, exactly
         write_adapted(predictor.path, out, block)
         return AdaptResult(Path(out), block, 0.0, result.seconds)

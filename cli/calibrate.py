@@ -13,8 +13,9 @@ from cli.options import (
     comma_list,
 )
 from data_prep.errors import UsageError
-from local_damage.evaluation.calibrate import (
+from runtime.evaluation.calibrate import (
     OOD_QUANTILE,
+    CalibrationOptions,
     add_scene_reference,
     calibrate_model,
     format_block,
@@ -126,10 +127,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
         return 0
     folds = args.prototype_folds or None  # none given (or an empty list): every fold but --fold
-    result = calibrate_model(
-        model,
-        args.chips,
-        args.out,
+    options = CalibrationOptions(
         fold=args.fold,
         batch_size=args.batch_size,
         progress=not args.quiet,
@@ -138,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         ood_quantile=args.ood_quantile,
         temperature=not args.no_temperature,
     )
+    result = calibrate_model(model, args.chips, args.out, options)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

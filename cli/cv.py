@@ -106,26 +106,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # torch-bearing: imported here so that `local-damage --help` needs no torch
-    from local_damage.experiments.cv import cross_validate
+    from local_damage.experiments.cv import CVOptions, cross_validate
     from local_damage.experiments.cv_tables import CV_RESULTS, table2, table3
 
     loggers = [logging.getLogger(name) for name in (CV_LOGGER, INNER_LOGGER)]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.INFO)
+    options = CVOptions(
+        folds=args.folds,
+        holdout=args.holdout,
+        views=args.views,
+        inner=args.inner,
+        inner_seed=args.inner_seed,
+        progress=not args.quiet,
+    )
     try:
         results = cross_validate(
-            args.config,
-            args.chips,
-            args.out,
-            folds=args.folds,
-            overrides=args.set,
-            names=args.name,
-            views=args.views,
-            progress=not args.quiet,
-            holdout=args.holdout,
-            inner=args.inner,
-            inner_seed=args.inner_seed,
+            args.config, args.chips, args.out, options, overrides=args.set, names=args.name
         )
     finally:
         for logger, level in zip(loggers, levels, strict=True):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from app.scoring.xview2 import METRICS_JSON as XVIEW2_METRICS_JSON
-from app.scoring.xview2 import evaluate_xview2, format_table
+from app.scoring.xview2 import TileSelection, evaluate_xview2, format_table
 from cli.options import (
     LOCALIZER_CHOICE,
     MODEL_CHOICE,
@@ -20,14 +20,15 @@ from cli.options import (
     add_xbd_args,
 )
 from data_prep.errors import UsageError
-from local_damage.evaluation.evaluate import (
+from runtime.evaluation.evaluate import (
     METRICS_JSON,
     PREDICTIONS_CSV,
+    EvaluationOptions,
     evaluate_chips,
     evaluate_xbd,
     format_summary,
-    load_scorer,
 )
+from runtime.evaluation.scorers import EvaluationError, OnnxScorer, Scorer
 from runtime.registry import default_model
 
 
@@ -112,20 +113,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--fold applies to --chips; with --xbd every cut chip is evaluated")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    options = {
-        "views": args.views,
-        "tsne": not args.no_tsne,
-        "batch_size": args.batch_size,
-        "seed": args.seed,
-    }
+    options = EvaluationOptions(
+        views=args.views,
+        tsne=not args.no_tsne,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     model = args.model if args.model or args.run else str(default_model())
-    scorer = load_scorer(run=args.run, model=model, device=args.device, tta=args.tta)
+    scorer = load_scorer(args.run, model, args.device, args.tta, args.views)
     if args.xbd:
-        metrics = evaluate_xbd(scorer, args.xbd, args.out, progress=not args.quiet, **options)
+        metrics = evaluate_xbd(scorer, args.xbd, args.out, options)
     else:
-        metrics = evaluate_chips(
-            scorer, args.chips, args.out, fold=args.fold, progress=not args.quiet, **options
-        )
+        metrics = evaluate_chips(scorer, args.chips, args.out, args.fold, options)
     if args.json:
         print(json.dumps(metrics, indent=2, default=str))
     else:
@@ -133,6 +133,40 @@ def run(args: argparse.Namespace) -> int:
         print(format_summary(metrics))
     print(f"wrote {Path(args.out) / METRICS_JSON} and {PREDICTIONS_CSV}")
     return 0
+
+
+def load_scorer(
+    run: str | Path | None = None,
+    model: str | Path | None = None,
+    device: str = "auto",
+    tta: str = "none",
+    views: int = 1,
+) -> Scorer:
+    """A :class:`~local_damage.evaluation.torch_scorer.TorchScorer` for a run folder or an
+    :class:`~runtime.evaluation.scorers.OnnxScorer` for an ONNX file; torch is imported only
+    for a run folder or a second view (``views`` 2: the training augmentation).
+
+    ``tta``: test-time augmentation of the ONNX model (``runtime.predictor.TTA_VIEWS``).
+
+    Raises:
+        EvaluationError: the run folder lacks config.yaml or best.safetensors, or the ONNX file
+            does not exist; both or neither of ``run`` and ``model``; ``tta`` with a run folder.
+    """
+    if (run is None) == (model is None):
+        raise EvaluationError("give exactly one of a run folder or an ONNX model")
+    if run is not None and tta != "none":
+        raise EvaluationError(
+            f"test-time augmentation ({tta}) grades an exported model: export the run and give "
+            "it as --model"
+        )
+    if run is None and views == 1:
+        return OnnxScorer(model, tta)
+    # torch-bearing: imported here so that evaluating an ONNX model on one view needs no torch
+    from local_damage.evaluation.torch_scorer import TorchScorer, augmented_view
+
+    if run is None:
+        return OnnxScorer(model, tta, second_view=augmented_view)
+    return TorchScorer(run, device=device)
 
 
 def add_xview2_parser(sub: argparse._SubParsersAction) -> None:
@@ -186,9 +220,7 @@ def run_xview2(args: argparse.Namespace) -> int:
         args.xbd,
         args.model if args.model is not None else default_model(),
         args.out,
-        tiles=args.tiles,
-        chips=args.chips,
-        fold=args.fold,
+        TileSelection(args.tiles, args.chips, args.fold),
         localizer=args.localizer,
         pngs=args.pngs,
         batch_size=args.batch_size,

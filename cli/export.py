@@ -13,10 +13,15 @@ from typing import TYPE_CHECKING, Any
 from cli.options import add_json_switch, add_report_args
 from data_prep.errors import UsageError
 from data_prep.store import write_json
-from local_damage.evaluation.calibrate import calibrate_model, format_block, format_ood
-from local_damage.evaluation.chips import select_chips, store_folds
 from local_damage.export.options import DEFAULT_OPSET, ExportOptions, check_out
 from local_damage.export.quantize import INT8_METHODS
+from runtime.evaluation.calibrate import (
+    CalibrationOptions,
+    calibrate_model,
+    format_block,
+    format_ood,
+)
+from runtime.evaluation.chips import select_chips, store_folds
 
 if TYPE_CHECKING:
     from local_damage.export.model import RunExport
@@ -158,7 +163,7 @@ def export_calibrated(
     """Export to a staged file, then calibrate it on ``fold`` of the export's chip store into
     ``out`` (so a failed fit leaves nothing at ``out``); the class prototypes of the ``ood``
     flag come from the other folds except the run's held-out one. ``temperature=False`` keeps
-    the raw probabilities (:func:`local_damage.evaluation.calibrate.calibrate_model`).
+    the raw probabilities (:func:`runtime.evaluation.calibrate.calibrate_model`).
 
     Returns:
         The parity report (also written to ``NAME.parity.json``) with the ``calibration`` and
@@ -170,8 +175,7 @@ def export_calibrated(
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         staged = Path(tmp) / "staged.onnx"
         report = export.write(staged)
-        calibrated = calibrate_model(
-            staged, export.store, out, fold=fold, prototype_folds=folds, temperature=temperature
-        )
+        options = CalibrationOptions(fold=fold, prototype_folds=folds, temperature=temperature)
+        calibrated = calibrate_model(staged, export.store, out, options)
     write_json(out.with_suffix(".parity.json"), report)
     return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}

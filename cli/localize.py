@@ -19,8 +19,8 @@ from cli.options import (
     add_xbd_args,
 )
 from local_damage.config import load_yaml
-from local_damage.localize.evaluate import evaluate_model, format_scores
 from runtime.contract import ModelError
+from runtime.evaluation.localizer import evaluate_model, format_scores
 from runtime.registry import default_localizer
 
 
@@ -125,18 +125,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from local_damage.localize.config import LocalizeConfig
-    from local_damage.localize.train import train_localizer
+    from local_damage.localize.train import TileSplit, train_localizer
 
     cfg = load_yaml(LocalizeConfig, args.config, args.set)
     summary = train_localizer(
         cfg,
         args.xbd,
         args.out,
-        fold=args.fold,
-        holdout=args.holdout,
-        folds=args.folds,
-        split_seed=args.split_seed,
-        splits=args.splits,
+        TileSplit(
+            fold=args.fold,
+            holdout=args.holdout,
+            folds=args.folds,
+            split_seed=args.split_seed,
+            splits=args.splits,
+        ),
         progress=not args.quiet,
     )
     op = summary["operating_point"]

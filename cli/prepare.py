@@ -27,15 +27,20 @@ from cli.options import (
     max_pixels_argument,
     resolve_max_pixels,
 )
+from data_prep.engine import Engine
 from data_prep.report import PrepareReport
-from data_prep.scene_store import prepare_scene
+from data_prep.scene_store import SceneOptions, prepare_scene
 from data_prep.spec import ChipSpec
 from data_prep.split import fold_counts, make_splits
-from data_prep.xbd import prepare_xbd
+from data_prep.xbd import XbdOptions, prepare_xbd
 
 
 def _spec(args: argparse.Namespace) -> ChipSpec:
     return ChipSpec(chip_size=args.chip_size, context=args.context, min_size=args.min_size)
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    return Engine(workers=args.workers, scheduler=args.scheduler)
 
 
 def _finish(report: PrepareReport, args: argparse.Namespace) -> int:
@@ -79,15 +84,15 @@ def _run_prepare_xbd(args: argparse.Namespace) -> int:
 
 
 def _cut_xbd(args: argparse.Namespace, roots: list[str], max_pixels: int) -> PrepareReport:
+    options = XbdOptions(
+        include_unclassified=args.include_unclassified, max_pixels=max_pixels, resume=args.resume
+    )
     return prepare_xbd(
         roots,
         args.out,
         spec=_spec(args),
-        workers=args.workers,
-        include_unclassified=args.include_unclassified,
-        max_pixels=max_pixels,
-        scheduler=args.scheduler,
-        resume=args.resume,
+        options=options,
+        engine=_engine(args),
         progress=False if args.quiet else None,
     )
 
@@ -101,12 +106,13 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
             args.buildings,
             args.out,
             spec=_spec(args),
-            label_field=args.label_field,
-            event=args.event,
-            max_pixels=max_pixels,
-            align=args.align,
-            workers=args.workers,
-            scheduler=args.scheduler,
+            options=SceneOptions(
+                label_field=args.label_field,
+                event=args.event,
+                max_pixels=max_pixels,
+                align=args.align,
+            ),
+            engine=_engine(args),
             progress=not args.quiet,
         ),
     )

@@ -9,14 +9,15 @@ import signal
 import sys
 from contextlib import contextmanager
 
-from app.scoring.batch import parse_shard, read_scene_list, score_batch, summary_path
+from app.scoring.batch import BatchPlan, parse_shard, read_scene_list, score_batch, summary_path
 from app.scoring.common import ScoreOptions, check_outputs
 from app.scoring.demo import SYNTHETIC_NOTE, run_demo
 from app.scoring.detect import pixel_pair, score_scene_detected, score_xbd_detected
 from app.scoring.scene import score_scene
 from app.scoring.webmap import check_map_path
+from app.scoring.writer import OutputPaths
 from app.scoring.xbd import score_xbd
-from app.web.app import launch
+from app.web.app import ServeOptions, launch
 from app.web.users import Users
 from cli.adapt import finetune_model
 from cli.options import (
@@ -31,6 +32,7 @@ from cli.options import (
     max_pixels_argument,
     resolve_max_pixels,
 )
+from data_prep.engine import Engine
 from data_prep.errors import UsageError
 from runtime.contract import ModelError
 from runtime.grading import check_cost
@@ -189,24 +191,22 @@ def _run_score(args: argparse.Namespace) -> int:
     max_pixels = resolve_max_pixels(args)
     predictor = _load_model(args.model, args.tta)
     options = _options(args, max_pixels)
-    outputs = {"raster": args.raster, "overlay": args.overlay, "options": options}
-    if args.map:
-        outputs["web_map"] = args.map
+    paths = OutputPaths(args.out, args.raster, args.overlay, args.map)
     if args.labels:
         pre, post = args.pre[0], args.post[0]
-        report = score_xbd(predictor, pre, post, args.labels, args.out, **outputs)
+        report = score_xbd(predictor, pre, post, args.labels, paths, options=options)
     elif args.buildings:
-        report = score_scene(predictor, args.pre, args.post, args.buildings, args.out, **outputs)
+        report = score_scene(predictor, args.pre, args.post, args.buildings, paths, options=options)
     else:  # no footprints: the localiser finds the buildings
         localizer = _load_localizer(args.localizer)
         if pixel_pair(args.pre, args.post):
             pre, post = args.pre[0], args.post[0]
             report = score_xbd_detected(
-                predictor, pre, post, args.out, localizer=localizer, **outputs
+                predictor, pre, post, paths, localizer=localizer, options=options
             )
         else:
             report = score_scene_detected(
-                predictor, args.pre, args.post, args.out, localizer=localizer, **outputs
+                predictor, args.pre, args.post, paths, localizer=localizer, options=options
             )
     print(report.summary(), file=sys.stderr)
     if args.json:
@@ -245,17 +245,11 @@ def _run_score_batch(args: argparse.Namespace) -> int:
             predictor,
             scenes,
             args.out,
-            fmt=args.format,
-            raster=args.raster,
-            overlay=args.overlay,
-            resume=args.resume,
-            shard=shard,
-            problems=problems,
+            BatchPlan(args.format, args.raster, args.overlay, args.map, args.resume, shard),
             options=_options(args, max_pixels),
             localizer=localizer,
-            workers=args.workers,
-            scheduler=args.scheduler,
-            web_map=args.map,
+            engine=Engine(args.workers, args.scheduler),
+            problems=problems,
         )
     print(report.summary(), file=sys.stderr)
     print(f"wrote {summary_path(args.out, shard)}", file=sys.stderr)
@@ -289,13 +283,10 @@ def _run_app(args: argparse.Namespace) -> int:
     launch(
         models_dir,
         args.model,
-        host=args.host,
-        port=args.port,
-        auth=auth,
         work_dir=args.work,
         max_pixels=args.max_pixels,
-        share=args.share,
         finetuner=finetuner(),
+        serve=ServeOptions(host=args.host, port=args.port, auth=auth, share=args.share),
     )
     return 0
 

@@ -53,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from local_damage.train.config import Config
+    from local_damage.train.loaders import ChipSplit
     from local_damage.train.loop import train
 
     config_path = args.config
@@ -66,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
         cfg,
         args.chips,
         args.out,
-        fold=args.fold,
-        holdout=args.holdout,
+        ChipSplit(fold=args.fold, holdout=args.holdout),
         init=args.init,
         resume=args.resume,
         progress=not args.quiet,

@@ -56,6 +56,37 @@ class JobFailed:
         return cls(f"{name}: {exc}")
 
 
+@dataclass(frozen=True)
+class Engine:
+    """Where a batch's jobs run, the one options object of every command that takes
+    ``--workers``/``--scheduler`` (see the module docstring).
+
+    Attributes:
+        workers: worker processes of the embedded cluster (None: one per core; 1: in this
+            process, no cluster).
+        scheduler: address of an existing Dask scheduler (None: ``$DASK_SCHEDULER_ADDRESS``, else
+            the embedded cluster).
+        client: an open ``distributed.Client`` to run on instead (the caller keeps it open).
+    """
+
+    workers: int | None = 1
+    scheduler: str | None = None
+    client: Any = None
+
+    @contextmanager
+    def open(self, jobs: int | None = None) -> Iterator[Any]:
+        """The client to hand :func:`map_jobs`: the given ``client``, else :func:`open_client` of
+        ``workers`` (at most ``jobs``, so no worker starts idle) and ``scheduler``."""
+        if self.client is not None:
+            yield self.client
+            return
+        workers = default_workers() if self.workers is None else int(self.workers)
+        if jobs is not None:
+            workers = max(min(workers, int(jobs)), 1)
+        with open_client(workers, self.scheduler) as client:
+            yield client
+
+
 def default_workers() -> int:
     """Worker processes of the embedded cluster: one per core."""
     return max(os.cpu_count() or 1, 1)
@@ -176,15 +207,27 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
             yield client
 
 
+@dataclass(frozen=True)
+class Bar:
+    """The progress bar of :func:`map_jobs` over finished jobs.
+
+    Attributes:
+        desc, unit: the bar's label and unit.
+        show: a tqdm bar on stderr (None: only when stderr is a terminal).
+    """
+
+    desc: str = "jobs"
+    unit: str = "job"
+    show: bool | None = None
+
+
 def map_jobs(
     func: Callable[[Any], Any],
     items: Sequence[Any],
     *,
     client: Any = None,
     keys: Sequence[str] | None = None,
-    progress: bool | None = None,
-    desc: str = "jobs",
-    unit: str = "job",
+    bar: Bar | None = None,
     costs: Sequence[float] | None = None,
     on_result: Callable[[int, Any], None] | None = None,
     tasks: int | None = None,
@@ -197,8 +240,7 @@ def map_jobs(
         client: from :func:`open_client`; None runs the jobs here, in order.
         keys: a stable, unique name per job (e.g. the scene name): the task keys on the
             cluster, so that a job is recognisable in the scheduler's logs.
-        progress: a tqdm bar over finished jobs (None: only when stderr is a terminal).
-        desc, unit: the bar's label and unit.
+        bar: the progress bar over finished jobs (default :class:`Bar`).
         costs: expected work per job; the costliest are submitted first, so that no large job is
             left running alone at the end.
         on_result: called with ``(index, result)`` as each job finishes (in completion order).
@@ -217,11 +259,12 @@ def map_jobs(
     from tqdm import tqdm
 
     items = list(items)
+    spec = bar or Bar()
     bar = tqdm(
         total=len(items),
-        desc=desc,
-        unit=unit,
-        disable=(not sys.stderr.isatty()) if progress is None else not progress,
+        desc=spec.desc,
+        unit=spec.unit,
+        disable=(not sys.stderr.isatty()) if spec.show is None else not spec.show,
         file=sys.stderr,
     )
     results: list[Any] = [None] * len(items)
@@ -249,7 +292,7 @@ def map_jobs(
         if grouped:
             for rank, members in enumerate(group_jobs(len(items), tasks, costs)):
                 first = keys[members[0]] if keys is not None else members[0]
-                key = f"{desc}-{first}+{len(members) - 1}-{token}"
+                key = f"{spec.desc}-{first}+{len(members) - 1}-{token}"
                 args = [items[i] for i in members]
                 future = client.submit(_run_group, func, args, key=key, pure=False, priority=-rank)
                 futures[future] = members
@@ -258,7 +301,7 @@ def map_jobs(
             if costs is not None:
                 order.sort(key=lambda i: -costs[i])
             for rank, i in enumerate(order):
-                key = f"{desc}-{keys[i] if keys is not None else i}-{token}"
+                key = f"{spec.desc}-{keys[i] if keys is not None else i}-{token}"
                 future = client.submit(func, items[i], key=key, pure=False, priority=-rank)
                 futures[future] = [i]
         for future in as_completed(futures):

@@ -3,6 +3,8 @@
 :func:`mask_to_polygons` turns a per-pixel building probability (or a 0/1 mask) into one shapely
 polygon per building:
 
+The rules below are set by :class:`PolygonOptions`:
+
 1. pixels ``>= threshold`` are building; blobs (4-connected) of fewer than ``min_area_px`` pixels
    are dropped and holes smaller than ``hole_area_px`` are filled;
 2. touching buildings are separated (``separate=True``): inside each blob, the distance to the
@@ -20,6 +22,8 @@ Pure numpy / OpenCV / rasterio / shapely: no torch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,39 +43,53 @@ def binary_mask(probability_or_mask: np.ndarray, threshold: float = 0.5) -> np.n
     return a >= threshold
 
 
+@dataclass(frozen=True)
+class PolygonOptions:
+    """How :func:`mask_to_polygons` turns a mask into building outlines (module docstring).
+
+    Attributes:
+        threshold: probability at or above which a pixel is building (ignored for bool masks).
+        min_area_px: blobs (and separated pieces) of fewer pixels are dropped (pieces merged back).
+        simplify_px: Douglas-Peucker tolerance in pixels (topology preserved); 0 keeps the
+            pixel-edge outline.
+        separate: split blobs made of several touching buildings.
+        hole_area_px: holes of fewer pixels are filled (None: ``max(min_area_px, 4)``).
+        split_px: a dome of the distance map marks a building when it rises at least
+            ``max(split_px, split_ratio * peak)`` pixels above where it joins another.
+        split_ratio: see ``split_px``.
+    """
+
+    threshold: float = 0.5
+    min_area_px: int = 0
+    simplify_px: float = 1.0
+    separate: bool = True
+    hole_area_px: int | None = None
+    split_px: float = SPLIT_PX
+    split_ratio: float = SPLIT_RATIO
+
+
 def mask_to_polygons(
     probability_or_mask: np.ndarray,
+    options: PolygonOptions | None = None,
     *,
-    threshold: float = 0.5,
     transform=None,
-    min_area_px: int = 0,
-    simplify_px: float = 1.0,
-    separate: bool = True,
-    hole_area_px: int | None = None,
-    split_px: float = SPLIT_PX,
-    split_ratio: float = SPLIT_RATIO,
 ) -> list:
     """One polygon per building of a mask.
 
     Args:
         probability_or_mask: float ``[H, W]`` building probability, or a bool / 0-1 mask.
-        threshold: probability at or above which a pixel is building (ignored for bool masks).
+        options: the threshold and the rules of the outlines (default ``PolygonOptions()``).
         transform: ``affine.Affine`` from pixel (col, row) to map coordinates; None keeps pixel
             coordinates (x = column, y = row, the top-left corner of the top-left pixel at 0, 0).
-        min_area_px: blobs (and separated pieces) of fewer pixels are dropped (pieces merged back).
-        simplify_px: Douglas-Peucker tolerance in pixels (topology preserved); 0 keeps the
-            pixel-edge outline.
-        separate: split blobs made of several touching buildings.
-        hole_area_px: holes of fewer pixels are filled (default: ``max(min_area_px, 4)``).
-        split_px, split_ratio: a dome of the distance map marks a building when it rises at
-            least ``max(split_px, split_ratio * peak)`` pixels above where it joins another.
 
     Returns:
         Shapely polygons, in raster order of their first pixel.
     """
     import cv2
 
-    binary = binary_mask(probability_or_mask, threshold)
+    o = options or PolygonOptions()
+    min_area_px, hole_area_px = o.min_area_px, o.hole_area_px
+    binary = binary_mask(probability_or_mask, o.threshold)
     height, width = binary.shape
     if not binary.any():
         return []
@@ -88,14 +106,16 @@ def mask_to_polygons(
         blob = labels[y : y + h, x : x + w] == k
         blob = _fill_holes(blob, holes)
         parts = (
-            _split(blob, split_px, split_ratio, min_area_px) if separate else blob.astype(np.int32)
+            _split(blob, o.split_px, o.split_ratio, min_area_px)
+            if o.separate
+            else blob.astype(np.int32)
         )
         n = int(parts.max())
         target = pieces[y : y + h, x : x + w]
         inside = parts > 0
         target[inside] = parts[inside] + (next_id - 1)
         next_id += n
-    return _trace(pieces, transform, simplify_px)
+    return _trace(pieces, transform, o.simplify_px)
 
 
 def _fill_holes(blob: np.ndarray, max_area: int) -> np.ndarray:

@@ -146,21 +146,29 @@ class ReadPlan:
             a window too large), in footprint order.
         groups: positions of the buildings that share one read, one list per read, in the order
             of the reads (row-major over the blocks of the grid).
+        margin: pixels read around each read's buildings (:func:`cut_reads`; None: the default,
+            which chip preparation and scoring share).
     """
 
     buildings: SceneBuildings
     early: list[tuple[int, str, str]]
     groups: list[list[int]]
+    margin: int | None = None
 
 
 def plan_reads(
-    scene: Scene, footprints: Footprints, spec: ChipSpec, block_size: int = BLOCK_SIZE
+    scene: Scene,
+    footprints: Footprints,
+    spec: ChipSpec,
+    block_size: int = BLOCK_SIZE,
+    margin: int | None = None,
 ) -> ReadPlan:
     """Sort the buildings of a scene into reads: the buildings whose centroid falls in one
     ``block_size`` square of the grid share one read (a building with a window larger than half
     a block, and each building of a block whose read would exceed the pixel limit, is read on its
     own); buildings outside the pre/post coverage, or with a window over :data:`MAX_WINDOW`,
-    need no read.
+    need no read. ``margin``: pixels each read takes around its buildings
+    (:attr:`ReadPlan.margin`).
     """
     import shapely
 
@@ -215,7 +223,7 @@ def plan_reads(
             groups.extend([i] for i in members)  # read each building on its own
         else:
             groups.append(members)
-    return ReadPlan(buildings=buildings, early=early, groups=groups)
+    return ReadPlan(buildings=buildings, early=early, groups=groups, margin=margin)
 
 
 def cut_reads(
@@ -334,7 +342,6 @@ def iter_building_chips(
     block_size: int = BLOCK_SIZE,
     progress: bool = True,
     context: bool = False,
-    margin: int | None = None,
     timer: StageTimes | None = None,
     plan: ReadPlan | None = None,
 ) -> Iterator[BuildingChip]:
@@ -352,12 +359,11 @@ def iter_building_chips(
         progress: show a tqdm progress bar over buildings (on a terminal).
         context: also measure each building's residual shift on the imagery around it
             (:func:`cut_reads`); scoring does, chip preparation does not.
-        margin: pixels read around each block (:func:`cut_reads`; None: the default, which
-            chip preparation and scoring share).
         timer: collects the seconds spent planning the reads (``plan``) and those of
             :func:`cut_reads`.
         plan: the reads already planned (:func:`plan_reads` with the same arguments, the
-            scene's post offset unchanged since); None plans them here.
+            scene's post offset unchanged since; it also says the margin read around them);
+            None plans them here.
 
     Yields:
         One :class:`BuildingChip` per building.
@@ -375,7 +381,7 @@ def iter_building_chips(
         for k, status, reason in plan.early:
             bar.update(1)
             yield buildings.chip(k, status, reason)
-        for b in cut_reads(scene, buildings, plan.groups, spec, context, margin, timer):
+        for b in cut_reads(scene, buildings, plan.groups, spec, context, plan.margin, timer):
             bar.update(1)
             yield b
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.alignment import AUTO, align_scene
-from data_prep.engine import JobFailed, default_workers, map_jobs, open_client
+from data_prep.engine import Bar, Engine, JobFailed, map_jobs
 from data_prep.footprints import load_footprints
 from data_prep.mosaic import SceneError, open_scene
 from data_prep.report import PrepareReport, Skipped
@@ -183,20 +183,14 @@ def cut_part(job: PartJob) -> tuple[list[tuple[int, dict]], PrepareReport, list[
     return rows, report, dropped
 
 
-def _run_parts(jobs: list[PartJob], workers, scheduler, client, progress: bool) -> list:
+def _run_parts(jobs: list[PartJob], engine: Engine, progress: bool) -> list:
     """``[cut_part(job) ...]`` through :mod:`data_prep.engine`, costliest parts first."""
     options = dict(
         keys=[job.shard_name for job in jobs],
         costs=[len(job.buildings) for job in jobs],
-        progress=None if progress else False,
-        desc="prepare scene",
-        unit="part",
+        bar=Bar("prepare scene", "part", None if progress else False),
     )
-    if client is not None:
-        return map_jobs(cut_part, jobs, client=client, **options)
-    workers = default_workers() if workers is None else int(workers)
-    workers = max(min(workers, len(jobs)), 1)  # no idle workers to start
-    with open_client(workers, scheduler) as cluster:
+    with engine.open(len(jobs)) as cluster:  # no idle workers to start
         return map_jobs(cut_part, jobs, client=cluster, **options)
 
 
@@ -220,29 +214,49 @@ def _manifest_row(name: str, b: BuildingChip) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class SceneOptions:
+    """How `prepare scene` reads the footprints and cuts the scene; the imagery, the footprint
+    file, the store, the chip specification and where the jobs run are :func:`prepare_scene`'s
+    arguments.
+
+    Attributes:
+        label_field: footprint attribute holding the damage label; None for unlabelled chips.
+        event: event and scene name for the manifest (None: the footprint file's stem).
+        block_size: side in grid pixels of the squares whose buildings share one read.
+        shard_size: most chips per shard file.
+        max_pixels: pixel limit per internal block and per read window (None:
+            :func:`data_prep.quality.max_pixels`); a large tile read in windows is not refused.
+        align: ``auto``: measure the post-to-pre shift and correct it before chips are cut when
+            it is confident and longer than a pixel (:func:`data_prep.alignment.align_scene`);
+            ``off``: use the post imagery as georeferenced. Recorded in the report and store.json.
+        part_size: buildings per job (whole read blocks are kept together).
+    """
+
+    label_field: str | None = None
+    event: str | None = None
+    block_size: int = BLOCK_SIZE
+    shard_size: int = SHARD_SIZE
+    max_pixels: int | None = None
+    align: str = AUTO
+    part_size: int = PART_SIZE
+
+
 def prepare_scene(
     pre_paths: Sequence[str | os.PathLike],
     post_paths: Sequence[str | os.PathLike],
     buildings: str | os.PathLike,
     out: str | os.PathLike,
     spec: ChipSpec | None = None,
-    label_field: str | None = None,
-    event: str | None = None,
+    options: SceneOptions | None = None,
     *,
-    block_size: int = BLOCK_SIZE,
-    shard_size: int = SHARD_SIZE,
+    engine: Engine | None = None,
     progress: bool = True,
-    max_pixels: int | None = None,
-    align: str = AUTO,
-    part_size: int = PART_SIZE,
-    workers: int | None = 1,
-    scheduler: str | None = None,
-    client=None,
 ) -> PrepareReport:
     """Cut the chip pairs of every building of a scene into the chip store ``out``.
 
     The command opens the scene, measures the alignment and plans the reads; the buildings are
-    then cut in parts of about ``part_size`` buildings (:func:`plan_parts`), one job per part
+    then cut in parts of about ``options.part_size`` buildings (:func:`plan_parts`), one job per part
     (:mod:`data_prep.engine`): each job opens the scene itself, cuts its part and writes its own
     shards, and only its manifest rows and report come back. The parts do not depend on where
     the jobs run, so the store is the same byte for byte with one process, an embedded cluster
@@ -260,23 +274,12 @@ def prepare_scene(
         buildings: footprint file (GeoJSON, GeoPackage or Shapefile, any CRS).
         out: chip store folder.
         spec: chip specification (default ``ChipSpec()``).
-        label_field: footprint attribute holding the damage label; None for unlabelled chips.
-        event: event and scene name for the manifest (default: the footprint file's stem).
-        block_size: side in grid pixels of the squares whose buildings share one read.
-        shard_size: most chips per shard file.
+        options: the label field, the event name, reads, shards, parts, the pixel limit and the
+            alignment (default ``SceneOptions()``).
+        engine: where the jobs run, one job per part (default ``Engine()``: in this process;
+            an embedded cluster never starts more workers than there are parts). The workers
+            of an existing scheduler must see the inputs and ``out`` at the same paths.
         progress: show a progress bar over the parts (on a terminal).
-        max_pixels: pixel limit per internal block and per read window (default
-            :func:`data_prep.quality.max_pixels`); a large tile read in windows is not refused.
-        align: ``auto``: measure the post-to-pre shift and correct it before chips are cut when
-            it is confident and longer than a pixel (:func:`data_prep.alignment.align_scene`);
-            ``off``: use the post imagery as georeferenced. Recorded in the report and store.json.
-        part_size: buildings per job (whole read blocks are kept together).
-        workers: worker processes of the embedded Dask cluster (None: one per core; never more
-            than there are parts); 1 runs in this process.
-        scheduler: address of an existing Dask scheduler whose workers see the inputs and
-            ``out`` at the same paths (else ``$DASK_SCHEDULER_ADDRESS``; else embedded).
-        client: a ``distributed.Client`` to run on as it is (``workers`` and ``scheduler`` are
-            then not used).
 
     Returns:
         The report: chips per class, buildings not covered, items skipped with the reason.
@@ -285,6 +288,9 @@ def prepare_scene(
         data_prep.engine.EngineError: the scheduler does not answer or the cluster cannot start.
     """
     spec = spec or ChipSpec()
+    options = options or SceneOptions()
+    label_field, event = options.label_field, options.event
+    shard_size, part_size = options.shard_size, options.part_size
     if shard_size < 1:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
     if part_size < 1:
@@ -293,7 +299,7 @@ def prepare_scene(
     name = (event or Path(buildings).stem).strip() or "scene"
     out = Path(out)
     try:
-        scene = open_scene(pre_paths, post_paths, max_pixels)
+        scene = open_scene(pre_paths, post_paths, options.max_pixels)
     except SceneError as exc:
         report.skip(exc.item, exc.reason)
         return report
@@ -306,10 +312,10 @@ def prepare_scene(
             report.skip(exc.item, exc.reason)
             return report
         report.skipped.extend(footprints.skipped)
-        shift = align_scene(scene, pixel_centroids(scene.grid, footprints), align)
+        shift = align_scene(scene, pixel_centroids(scene.grid, footprints), options.align)
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
 
-        plan = plan_reads(scene, footprints, spec, block_size)
+        plan = plan_reads(scene, footprints, spec, options.block_size)
         for k, status, reason in plan.early:  # settled without a read
             if status == NOT_COVERED:
                 report.not_covered += 1
@@ -341,7 +347,7 @@ def prepare_scene(
                     groups=[[local[k] for k in plan.groups[g]] for g in part],
                 )
             )
-        results = _run_parts(jobs, workers, scheduler, client, progress)
+        results = _run_parts(jobs, engine or Engine(), progress)
         rows: list[tuple[int, dict]] = []
         dropped: list[Skipped] = []
         for job, result in zip(jobs, results, strict=True):

@@ -11,19 +11,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from data_prep import quality
-from data_prep.engine import (
-    JobFailed,
-    default_workers,
-    map_jobs,
-    open_client,
-    task_count,
-    tune_malloc,
-)
+from data_prep.engine import Bar, Engine, JobFailed, map_jobs, task_count, tune_malloc
 from data_prep.imagery import ImageError, split_file_message
 from data_prep.quality import blank_reasons
 from data_prep.report import PrepareReport
@@ -246,12 +240,10 @@ def worker_setup() -> None:
 def run_tiles(
     func,
     args: Iterable,
-    workers: int | None = 1,
+    engine: Engine | None = None,
     progress: bool | None = None,
     desc: str = "tiles",
     costs: Sequence[float] | None = None,
-    scheduler: str | None = None,
-    client=None,
 ) -> list:
     """Apply ``func`` to each argument, one job per tile (:mod:`data_prep.engine`; on a cluster
     the tiles go in groups of similar cost, :func:`data_prep.engine.task_count` tasks); results
@@ -262,24 +254,17 @@ def run_tiles(
             raising (a job that raises, or whose worker keeps dying, gives a
             :class:`data_prep.engine.JobFailed`).
         args: one argument per tile.
-        workers: worker processes of the embedded cluster (None: one per core; never more
-            than there are tiles); 1 (and no scheduler) runs in this process with one OpenCV
-            thread.
+        engine: where the jobs run (default ``Engine()``: in this process, with one OpenCV
+            thread); an embedded cluster never starts more workers than there are tiles, and
+            a given ``client`` (e.g. kept open across runs) is used as it is.
         progress: show a tqdm bar over tiles (None: only when stderr is a terminal).
         desc: the progress bar's label.
         costs: expected work per argument; the costliest start first, so that no large tile is
             left running alone at the end.
-        scheduler: address of an existing Dask scheduler (else ``$DASK_SCHEDULER_ADDRESS``).
-        client: a ``distributed.Client`` to use as it is (e.g. kept open across runs).
     """
     args = list(args)
-    options = dict(progress=progress, desc=desc, unit="tile", costs=costs)
-    if client is not None:
-        return map_jobs(func, args, client=client, tasks=task_count(client, len(args)), **options)
-    if workers is None:
-        workers = default_workers()
-    workers = max(min(int(workers), len(args)), 1)  # no idle workers to start
-    with open_client(workers, scheduler) as cluster:
+    options = dict(bar=Bar(desc, "tile", progress), costs=costs)
+    with (engine or Engine()).open(len(args)) as cluster:
         if cluster is not None:
             tasks = task_count(cluster, len(args))
             return map_jobs(func, args, client=cluster, tasks=tasks, **options)
@@ -310,18 +295,37 @@ def _tile_cost(tile: XbdTile) -> int:
     return size + DECODE_COST_BYTES if tile.pre is not None and tile.post is not None else size
 
 
+@dataclass(frozen=True)
+class XbdOptions:
+    """Which tiles and buildings `prepare xbd` cuts, and what it makes of an earlier run; the
+    roots, the store, the chip specification and where the jobs run are :func:`prepare_xbd`'s
+    arguments.
+
+    Attributes:
+        include_unclassified: keep un-classified buildings as unlabelled chips (label -1).
+        limit: use only the first ``limit`` tiles (sorted by name; None: all).
+        max_pixels: pixel limit per image, checked from the header before decoding (None:
+            :func:`data_prep.quality.max_pixels`).
+        resume: reuse the tiles an earlier run into the store finished (their sidecar and both
+            shards exist, and their files are unchanged) instead of cutting them again; the
+            store is the same as after an uninterrupted run. Without it every tile is cut and
+            the sidecars of earlier runs are removed first.
+    """
+
+    include_unclassified: bool = False
+    limit: int | None = None
+    max_pixels: int | None = None
+    resume: bool = False
+
+
 def prepare_xbd(
     roots: Sequence[str | os.PathLike] | str | os.PathLike,
     out: str | os.PathLike,
     spec: ChipSpec | None = None,
-    workers: int | None = 1,
-    include_unclassified: bool = False,
-    limit: int | None = None,
+    options: XbdOptions | None = None,
+    *,
+    engine: Engine | None = None,
     progress: bool | None = None,
-    max_pixels: int | None = None,
-    scheduler: str | None = None,
-    client=None,
-    resume: bool = False,
 ) -> PrepareReport:
     """Cut per-building pre/post chip pairs from xBD tiles into a chip store.
 
@@ -335,21 +339,12 @@ def prepare_xbd(
         roots: xBD root folder(s).
         out: output chip store folder.
         spec: chip specification (default ``ChipSpec()``).
-        workers: worker processes of the embedded Dask cluster, one job per tile (None: one
-            per core); 1 runs in this process (:mod:`data_prep.engine`).
-        include_unclassified: keep un-classified buildings as unlabelled chips (label -1).
-        limit: use only the first ``limit`` tiles (sorted by name).
+        options: the tiles and buildings cut, the pixel limit, resuming (default
+            ``XbdOptions()``).
+        engine: where the jobs run, one job per tile (default ``Engine()``: in this process;
+            :mod:`data_prep.engine`). The workers of an existing scheduler must see ``roots``
+            and ``out`` at the same paths.
         progress: show a progress bar (None: only when stderr is a terminal).
-        max_pixels: pixel limit per image, checked from the header before decoding (default
-            :func:`data_prep.quality.max_pixels`).
-        scheduler: address of an existing Dask scheduler whose workers see ``roots`` and
-            ``out`` at the same paths (else ``$DASK_SCHEDULER_ADDRESS``; else embedded).
-        client: a ``distributed.Client`` to run on as it is (``workers`` and ``scheduler`` are
-            then not used).
-        resume: reuse the tiles an earlier run into ``out`` finished (their sidecar and both
-            shards exist, and their files are unchanged) instead of cutting them again; the
-            store is the same as after an uninterrupted run. Without it every tile is cut and
-            the sidecars of earlier runs are removed first.
 
     Returns:
         The run's report (chips per class and event, skipped items).
@@ -359,8 +354,9 @@ def prepare_xbd(
         data_prep.xbd_resume.ResumeError: ``resume`` into a store prepared with other options.
     """
     spec = spec or ChipSpec()
-    workers = None if workers is None else max(int(workers), 1)
-    max_pixels = quality.max_pixels(max_pixels)
+    options = options or XbdOptions()
+    include_unclassified, limit = options.include_unclassified, options.limit
+    max_pixels = quality.max_pixels(options.max_pixels)
     # absolute paths: the jobs may run in worker processes with another working directory
     roots = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
     roots = [Path(r).absolute() for r in roots]
@@ -368,11 +364,11 @@ def prepare_xbd(
     if limit is not None:
         tiles = tiles[: max(int(limit), 0)]
     out = Path(out).absolute()
-    options = tile_options(spec, include_unclassified, max_pixels)
+    recorded = tile_options(spec, include_unclassified, max_pixels)
     # checked before anything in the store changes
-    done = finished_tiles(out, tiles, options) if resume else {}
+    done = finished_tiles(out, tiles, recorded) if options.resume else {}
     out = start_store(out)
-    if not resume:
+    if not options.resume:
         for path in (out / SHARDS).glob(f"*{SIDECAR}"):
             path.unlink(missing_ok=True)
     report = PrepareReport()
@@ -382,12 +378,10 @@ def prepare_xbd(
     cut = run_tiles(
         _cut_tile_task,
         [(t, out, spec, include_unclassified, max_pixels) for t in todo],
-        workers=workers,
+        engine,
         progress=progress,
         desc="prepare xbd",
         costs=[_tile_cost(t) for t in todo],
-        scheduler=scheduler,
-        client=client,
     )
     _BUFFERS.arrays = None
     by_name = dict(done)

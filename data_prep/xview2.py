@@ -201,11 +201,23 @@ def f1_from_counts(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
 
 
 def xview2_harmonic_mean(f1s: ArrayLike, epsilon: float = EPSILON) -> float:
-    """``len(f1s) / sum(1 / (f1 + epsilon))``: the reference's damage F1 of the class F1s."""
+    """``len(f1s) / sum(1 / (f1 + epsilon))``: the reference's damage F1 of the class F1s.
+
+    With ``epsilon`` 0 it is the plain harmonic mean, exactly 0 when any F1 is 0 (as the
+    per-building ``xview2_damage_f1`` of the evaluation metrics takes it).
+
+    Raises:
+        ValueError: no F1 scores, or a negative one.
+    """
     arr = np.asarray(f1s, dtype=np.float64)
     if arr.size == 0:
         raise ValueError("no F1 scores to combine")
-    return float(arr.size / np.sum(1.0 / (arr + epsilon)))
+    if np.any(arr < 0):
+        raise ValueError(f"F1 scores must be non-negative, got {arr.tolist()}")
+    shifted = arr + epsilon
+    if np.any(shifted == 0):
+        return 0.0
+    return float(arr.size / np.sum(1.0 / shifted))
 
 
 def _as_map(x: ArrayLike, name: str) -> np.ndarray:

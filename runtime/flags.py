@@ -37,7 +37,7 @@ from runtime.contract import ModelError
 
 #: Every flag name, in the order they are written. All but ``oversized`` are raised on the chips
 #: (:class:`Flagger`); ``oversized`` by scoring, on a detected footprint larger than any building
-#: its localiser learnt from (``app.scoring.common.flag_oversized``).
+#: its localiser learnt from (``app.scoring.grade.flag_oversized``).
 FLAGS = ("blank", "cloud", "haze", "misaligned", "ood", "oversized")
 BLANK, CLOUD, HAZE, MISALIGNED, OOD, OVERSIZED = FLAGS
 #: Output column holding the flags.

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.polygons import mask_to_polygons
+from data_prep.polygons import PolygonOptions, mask_to_polygons
 from runtime.contract import (
     LOCALIZE_TASK,
     LOCALIZER_INPUT,
@@ -239,13 +239,12 @@ class Localizer:
         """Building polygons of a probability map (:func:`data_prep.polygons.mask_to_polygons`
         with this model's threshold and smallest blob)."""
 
-        return mask_to_polygons(
-            probability,
+        options = PolygonOptions(
             threshold=self.threshold,
-            transform=transform,
             min_area_px=max(self.min_area_px, 1),
             simplify_px=SIMPLIFY_PX,
         )
+        return mask_to_polygons(probability, options, transform=transform)
 
     def detect(self, image: np.ndarray, transform=None) -> list:
         """Building polygons of one image.

@@ -12,13 +12,14 @@ from pathlib import Path
 import onnx
 
 from data_prep.store import write_json
-from local_damage.evaluation.calibrate import calibrate_model
 from local_damage.experiments.cv import CrossValidationError, check_run_config
 from local_damage.export.model import export_run
 from local_damage.export.options import ExportOptions
 from local_damage.train import checkpoint as ckpt
+from local_damage.train.loaders import ChipSplit
 from local_damage.train.loop import SUMMARY, train
 from runtime.contract import save_onnx
+from runtime.evaluation.calibrate import CalibrationOptions, calibrate_model
 from studies.fewshot_settings import BASE_SPLIT, FewShotError
 
 
@@ -52,7 +53,8 @@ def prepare_base(cfg, chips, folder: Path, ids, progress: bool) -> tuple[Path, P
         resume = (run / ckpt.LAST_DIR / "state.pt").is_file()
         run.mkdir(parents=True, exist_ok=True)
         write_json(split_path, wanted)
-        train(cfg, chips, run, resume=resume, progress=progress, ids=(ids[0], ids[1]))
+        split = ChipSplit(ids=(ids[0], ids[1]))
+        train(cfg, chips, run, split, resume=resume, progress=progress)
         how = "resumed" if resume else "trained"
     weights = run / ckpt.BEST
     fresh = onnx_path.is_file() and onnx_path.stat().st_mtime >= weights.stat().st_mtime
@@ -65,21 +67,19 @@ def export_base(run: Path, out: Path, chips, val_ids: Sequence[str]) -> Path:
     """Export ``run`` to ``out`` (parity-checked) with a temperature and ``ood`` prototypes
     fitted on the validation slice ``val_ids`` (none when it is empty, or when no temperature
     fits it), atomically: exported to a staged file, then calibrated from it by
-    :func:`local_damage.evaluation.calibrate.calibrate_model`.
+    :func:`runtime.evaluation.calibrate.calibrate_model`.
     """
     with tempfile.TemporaryDirectory(prefix="fewshot-export-", dir=out.parent) as tmp:
         staged = Path(tmp) / "base.onnx"
         export_run(run, staged, ExportOptions(chips=chips, parity_limit=64, calibration_limit=8))
         if val_ids:
             try:
-                calibrate_model(
-                    staged,
-                    chips,
-                    out,
+                options = CalibrationOptions(
                     chip_ids=list(val_ids),
                     selection="validation slice",
                     prototype_ids=list(val_ids),
                 )
+                calibrate_model(staged, chips, out, options)
                 return out
             except ValueError as exc:  # e.g. a slice the model separates perfectly
                 print(f"{run}: not calibrated ({exc})", file=sys.stderr)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from app.adapt.fit import METHODS, AdaptError, adapt_head
+from app.adapt.fit import METHODS, AdaptError, BaseModel, adapt_head
 from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from app.adapt.suggest import suggestion_order
@@ -21,7 +21,7 @@ from data_prep.store import read_manifest
 from local_damage.adapt.finetune import FinetuneOptions
 from local_damage.adapt.network import FinetuneError
 from local_damage.export.weights import export_weights
-from local_damage.metrics import classification_metrics
+from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.selection import INTACT
 from studies.fewshot_settings import FewShotError, Settings, pool_size
@@ -181,9 +181,7 @@ def measure_event(
                             raw[given],
                             p.embedding[given],
                             y[given],
-                            len(names),
-                            t0,
-                            protos,
+                            BaseModel(len(names), t0, protos),
                             METHODS,
                             settings.seed,
                             settings.unlabelled,

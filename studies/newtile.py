@@ -22,19 +22,21 @@ import argparse
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from app.adapt.fit import AdaptError, adapt_head
+from app.adapt.fit import AdaptError, BaseModel, adapt_head
 from app.adapt.labelled import concat, from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from data_prep.errors import UsageError
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
 from local_damage.adapt.network import FinetuneError
-from local_damage.metrics import classification_metrics
+from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.registry import default_model
 from runtime.training_tiles import training_tiles
@@ -58,24 +60,49 @@ def tiles_of(ids) -> np.ndarray:
     return np.asarray([str(i).split(":", 1)[0] for i in ids])
 
 
+@dataclass(frozen=True)
+class NewTileOptions:
+    """The draws of `bench new-tile` (module docstring; the flags of the same names).
+
+    Attributes:
+        ks: numbers of labels measured.
+        draws: draws per k.
+        seed: seed of the draws (and of fine-tuning: ``seed`` + the draw's number).
+        min_eval: labelled buildings a tile must hold besides the k labels (the rest of the
+            tile, graded).
+        arms: the arms measured, of :data:`ARMS`.
+        finetune_options: fields of :class:`local_damage.adapt.finetune.FinetuneOptions` for the
+            ``finetune`` and ``semi`` arms (None: its defaults).
+        tune_draws: draws per k of the ``finetune`` and ``semi`` arms, the first ones (None:
+            every draw).
+    """
+
+    ks: Sequence[int] = K
+    draws: int = 50
+    seed: int = 0
+    min_eval: int = 20
+    arms: Sequence[str] = ("heads",)
+    finetune_options: dict[str, Any] | None = None
+    tune_draws: int | None = None
+
+
 def bench_new_tile(
-    model: str | Path,
-    chips: list[str],
-    ks=K,
-    draws: int = 50,
-    seed: int = 0,
-    min_eval: int = 20,
-    arms=("heads",),
-    finetune_options: dict[str, Any] | None = None,
-    tune_draws: int | None = None,
+    model: str | Path, chips: list[str], options: NewTileOptions | None = None
 ) -> dict[str, Any]:
     """Every draw's figures (module docstring).
+
+    Args:
+        model: the model file.
+        chips: chip stores whose tiles are drawn.
+        options: the draws (default ``NewTileOptions()``).
 
     Returns:
         ``{"model", "chips", "tiles", "rows", "summary"}``: one row per draw and arm (``k``,
         ``tile``, ``arm``, ``base``, ``adapted`` macro-F1, ``head``, ``seconds``), and per arm
         and k the mean figures and the share of draws worse by more than :data:`WORSE`.
     """
+    o = options or NewTileOptions()
+    seed = o.seed
     predictor = Predictor(model)
     names = list(predictor.class_names)
     parts = [from_chip_store(c, names) for c in chips]
@@ -93,11 +120,11 @@ def bench_new_tile(
     sizes = Counter(tile.tolist())
     weights = weights_beside(model)
     rows: list[dict[str, Any]] = []
-    for k in ks:
-        eligible = sorted(t for t, n in sizes.items() if n >= k + min_eval)
+    for k in o.ks:
+        eligible = sorted(t for t, n in sizes.items() if n >= k + o.min_eval)
         if not eligible:
             continue
-        for d in range(draws):
+        for d in range(o.draws):
             rng = np.random.default_rng([seed, k, d])
             t = eligible[int(rng.integers(len(eligible)))]
             members = np.flatnonzero(tile == t)
@@ -107,14 +134,17 @@ def bench_new_tile(
             base_f1 = macro_f1(y[rest], base_pred[rest], names)
             common = {"k": int(k), "draw": d, "tile": t, "n_eval": int(len(rest))}
             common["base"] = round(base_f1, 6)
-            for arm in arms:
-                if arm != "heads" and tune_draws is not None and d >= tune_draws:
+            for arm in o.arms:
+                if arm != "heads" and o.tune_draws is not None and d >= o.tune_draws:
                     continue
                 start = time.perf_counter()
                 if arm == "heads":
                     try:
                         a = adapt_head(
-                            raw[given], p.embedding[given], y[given], len(names), t0, protos
+                            raw[given],
+                            p.embedding[given],
+                            y[given],
+                            BaseModel(len(names), t0, protos),
                         )
                         pred = a.head.log_probabilities(raw[rest], p.embedding[rest]).argmax(1)
                         head = a.head.method
@@ -123,7 +153,7 @@ def bench_new_tile(
                 else:
                     unl = rest if arm == "semi" else None
                     pred, head = tuned_predictions(
-                        weights, b, given, rest, unl, base_pred[rest], seed + d, finetune_options
+                        weights, b, given, rest, unl, base_pred[rest], seed + d, o.finetune_options
                     )
                 rows.append(
                     {
@@ -239,16 +269,15 @@ def format_summary(summary: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.draws < 1:
         raise UsageError(f"--draws must be at least 1, got {args.draws}")
-    result = bench_new_tile(
-        args.model or default_model(),
-        args.chips,
-        args.k,
-        args.draws,
-        args.seed,
-        args.min_eval,
-        args.arms,
+    options = NewTileOptions(
+        ks=args.k,
+        draws=args.draws,
+        seed=args.seed,
+        min_eval=args.min_eval,
+        arms=args.arms,
         tune_draws=args.tune_draws,
     )
+    result = bench_new_tile(args.model or default_model(), args.chips, options)
     if args.out:
         with atomic_path(Path(args.out), suffix=".json") as tmp:
             Path(tmp).write_text(json.dumps(result, indent=1))

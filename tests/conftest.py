@@ -131,6 +131,7 @@ def score_model(tmp_path_factory) -> Path:
     from local_damage.config import load_yaml
     from local_damage.export.model import export_run
     from local_damage.train.config import Config
+    from local_damage.train.loaders import ChipSplit
     from local_damage.train.loop import train
 
     root = tmp_path_factory.mktemp("score_model")
@@ -146,7 +147,8 @@ def score_model(tmp_path_factory) -> Path:
         "model.cls_hidden=32",
         "model.embed_dim=16",
     ]
-    train(load_yaml(Config, None, overrides), root / "chips", root / "run", fold=0, progress=False)
+    split = ChipSplit(fold=0)
+    train(load_yaml(Config, None, overrides), root / "chips", root / "run", split, progress=False)
     export_run(root / "run", root / "model.onnx")
     return root / "model.onnx"
 

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from app.adapt.labelled import Buildings, LabelError, class_id, concat, from_scene, from_xbd
+from app.adapt.labelled import (
+    Buildings,
+    LabelError,
+    ReadOptions,
+    class_id,
+    concat,
+    from_scene,
+    from_xbd,
+)
 from data_prep.label_store import LabelStore, StoreError, store_for
 from data_prep.spec import ChipSpec
 
@@ -91,6 +99,7 @@ def from_corrections(
             f"{session}: no corrections saved for this assessment yet ({store_for(session)})"
         )
     scene = str(info.get("scene", session.name))
+    options = ReadOptions(event or scene, align, max_pixels)
     if info.get("mode") == "xbd":
         label = session / "corrections" / "labels" / f"{scene}_post_disaster.json"
         images = sorted((session / "corrections" / "images").glob(f"{scene}_*_disaster.*"))
@@ -98,9 +107,7 @@ def from_corrections(
         post = [p for p in images if p.stem.endswith("_post_disaster")]
         if not label.is_file() or not pre or not post:
             raise LabelError(f"{label}: the corrections' label file or image copies are missing")
-        out = from_xbd(
-            pre[0], post[0], label, spec, class_names, True, event or scene, align, max_pixels
-        )
+        out = from_xbd(pre[0], post[0], label, spec, class_names, True, options)
     else:
         for key in ("pre", "post", "footprints"):
             if not Path(info[key]).exists():
@@ -116,10 +123,8 @@ def from_corrections(
             spec,
             class_names,
             None,
-            event or scene,
             corrections,
-            align,
-            max_pixels,
+            options,
         )
     out.sources = [f"app corrections {session}: {len(out)} buildings"]
     return out
@@ -150,6 +155,7 @@ def from_session(
                 "exists; assess the tile again"
             )
     scene = str(info.get("scene", session.name))
+    options = ReadOptions(event or scene, align, max_pixels)
     if info.get("mode") == "xbd":
         out = from_xbd(
             info["pre"],
@@ -158,9 +164,7 @@ def from_session(
             spec,
             class_names,
             False,
-            event or scene,
-            align,
-            max_pixels,
+            options,
         )
         prefix = Path(info["footprints"]).stem.replace("_post_disaster", "")
     else:
@@ -170,11 +174,7 @@ def from_session(
             info["footprints"],
             spec,
             class_names,
-            None,
-            event or scene,
-            None,
-            align,
-            max_pixels,
+            options=options,
         )
         prefix = event or scene
     uids = info.get("uids") or []

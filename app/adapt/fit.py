@@ -87,6 +87,23 @@ class AdaptError(LocalDamageError, ValueError):
     """Labels a head cannot be adapted to; the message says why and what to do."""
 
 
+@dataclass(frozen=True)
+class BaseModel:
+    """The base model a head is fitted on top of (:func:`app.adapt.model.base_of` and
+    :func:`app.adapt.model.base_prototypes` read it from a model's metadata).
+
+    Attributes:
+        k: the number of classes ``K``.
+        temperature: the base model's ``T0``.
+        prototypes: class id -> ``[D]`` base prototype (the model's ``ood`` block), for the
+            ``prototype`` head; None: none.
+    """
+
+    k: int
+    temperature: float = 1.0
+    prototypes: Mapping[int, np.ndarray] | None = None
+
+
 # --------------------------------------------------------------------------------------------
 # fitting
 
@@ -182,9 +199,7 @@ def fit_head(
     raw_logits: np.ndarray,
     embedding: np.ndarray,
     labels: np.ndarray,
-    k: int,
-    base_temperature: float = 1.0,
-    base_prototypes: Mapping[int, np.ndarray] | None = None,
+    base: BaseModel,
     c: float = LOGISTIC_C,
     unlabelled: str = "discount",
     start: Head | None = None,
@@ -196,9 +211,7 @@ def fit_head(
         raw_logits: ``[N, K]`` raw logits of the base graph.
         embedding: ``[N, D]`` embeddings.
         labels: ``[N]`` class ids in ``[0, K)``.
-        k: the number of classes ``K``.
-        base_temperature: the base model's ``T0``.
-        base_prototypes: class id -> ``[D]`` base prototype (the model's ``ood`` block).
+        base: the base model's classes, temperature and prototypes.
         c: inverse regularisation strength of the logistic heads.
         unlabelled: one of :data:`UNLABELLED_RULES`.
         start: a head of the same method fitted on nearly the same labels (a cross-validation
@@ -206,6 +219,7 @@ def fit_head(
             when it scores the same classes. The fitted head does not depend on it beyond the
             solver's tolerance.
     """
+    k, base_temperature, base_prototypes = base.k, base.temperature, base.prototypes
     check_rule(unlabelled)
     if method not in METHODS:
         raise AdaptError(f"unknown head {method!r}; the heads are {', '.join(METHODS)}")
@@ -295,9 +309,7 @@ def adapt_head(
     raw_logits: np.ndarray,
     embedding: np.ndarray,
     labels: np.ndarray,
-    k: int,
-    base_temperature: float = 1.0,
-    base_prototypes: Mapping[int, np.ndarray] | None = None,
+    base: BaseModel,
     methods: Sequence[str] = METHODS,
     seed: int = 0,
     unlabelled: str = "discount",
@@ -308,9 +320,8 @@ def adapt_head(
         raw_logits: ``[N, K]`` raw logits of the labelled buildings.
         embedding: ``[N, D]`` their embeddings.
         labels: ``[N]`` their class ids.
-        k: number of classes.
-        base_temperature: the base model's ``T0``.
-        base_prototypes: class id -> base prototype, for the ``prototype`` head.
+        base: the base model's classes ``K``, temperature ``T0`` and prototypes (for the
+            ``prototype`` head).
         methods: the heads to try (:data:`METHODS`).
         seed: seed of the k-fold split.
         unlabelled: what happens to classes without a label (:data:`UNLABELLED_RULES`).
@@ -325,6 +336,7 @@ def adapt_head(
     from threadpoolctl import threadpool_limits
 
     start = time.perf_counter()
+    k, base_temperature = base.k, base.temperature
     lo = np.asarray(raw_logits, dtype=np.float64)
     z = np.asarray(embedding, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)
@@ -382,22 +394,12 @@ def adapt_head(
         for name in names:
             method, rule = _parse(name)
             # on every label: the head kept if this candidate wins, and where each fold starts
-            fitted[name] = fit_head(
-                method, lo, z, y, k, base_temperature, base_prototypes, unlabelled=rule
-            )
+            fitted[name] = fit_head(method, lo, z, y, base, unlabelled=rule)
             fitted[name].method = name
             oof = np.zeros((len(y), k))
             for train, test in folds:
                 head = fit_head(
-                    method,
-                    lo[train],
-                    z[train],
-                    y[train],
-                    k,
-                    base_temperature,
-                    base_prototypes,
-                    unlabelled=rule,
-                    start=fitted[name],
+                    method, lo[train], z[train], y[train], base, unlabelled=rule, start=fitted[name]
                 )
                 oof[test] = head.log_probabilities(lo[test], z[test])
             candidates[name] = _metrics(oof, y)

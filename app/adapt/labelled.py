@@ -234,6 +234,22 @@ def from_chip_store(
 # footprints on imagery
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How :func:`from_scene` and :func:`from_xbd` read the buildings of a labelled file.
+
+    Attributes:
+        event: event name (None: from the file, see each function).
+        align: ``auto`` (measure the post-to-pre shift, correct it when confident) or ``off``,
+            as for ``score``.
+        max_pixels: pixel limit per image and read (None: :func:`data_prep.quality.max_pixels`).
+    """
+
+    event: str | None = None
+    align: str = "auto"
+    max_pixels: int | None = None
+
+
 def from_scene(
     pre: Sequence[str | os.PathLike],
     post: Sequence[str | os.PathLike],
@@ -241,10 +257,8 @@ def from_scene(
     spec: ChipSpec,
     class_names: Sequence[str],
     label_field: str | None = None,
-    event: str | None = None,
     rows: dict[int, int] | None = None,
-    align: str = "auto",
-    max_pixels: int | None = None,
+    options: ReadOptions | None = None,
 ) -> Buildings:
     """Buildings of a footprint file on georeferenced pre/post tiles, cut as ``score`` cuts them.
 
@@ -254,20 +268,20 @@ def from_scene(
         spec: the model's chip spec.
         class_names: the model's classes (labels are class names or ids).
         label_field: the attribute holding the label; None: every building unlabelled.
-        event: event name (default: the footprint file's stem).
         rows: feature row -> class id, labels given from elsewhere (the app's corrections); only
             these rows are read.
-        align: ``auto`` or ``off``, as for ``score``.
-        max_pixels: pixel limit per read.
+        options: event name (default: the footprint file's stem), alignment and pixel limit
+            (:class:`ReadOptions`).
 
     Raises:
         LabelError: a missing or unreadable file, a missing label attribute, an unknown class.
     """
+    options = options or ReadOptions()
     path = Path(buildings)
-    event = event or path.stem
+    event = options.event or path.stem
     ids, labels, pres, posts, refs = [], [], [], [], []
     try:
-        with bounded_gdal_cache(), open_scene(list(pre), list(post), max_pixels) as scene:
+        with bounded_gdal_cache(), open_scene(list(pre), list(post), options.max_pixels) as scene:
             fp = load_footprints(path, scene.grid.crs, label_field=label_field)
             bad = [s for s in fp.skipped if s.reason.startswith("field ")]
             if bad:
@@ -281,7 +295,7 @@ def from_scene(
             if len(fp) == 0:
                 raise LabelError(f"{path}: none of the corrected buildings has a usable polygon")
             check_overlap(fp, scene)
-            align_scene(scene, pixel_centroids(scene.grid, fp), align)
+            align_scene(scene, pixel_centroids(scene.grid, fp), options.align)
             for b in iter_building_chips(scene, fp, spec, progress=False):
                 if b.status == CHIP:
                     ids.append(f"{event}:{b.uid}")
@@ -310,16 +324,17 @@ def from_xbd(
     spec: ChipSpec,
     class_names: Sequence[str],
     with_labels: bool = True,
-    event: str | None = None,
-    align: str = "auto",
-    max_pixels: int | None = None,
+    options: ReadOptions | None = None,
 ) -> Buildings:
     """Buildings of an xBD label JSON on its pixel-aligned pre/post images, cut as ``score``
     cuts them; ``subtype`` is the label when ``with_labels`` (``un-classified``: unlabelled).
+    ``options``: event name (default: the label's disaster, else its file name), alignment and
+    pixel limit (:class:`ReadOptions`).
 
     Raises:
         LabelError: a missing or unreadable file, an unknown subtype.
     """
+    options = options or ReadOptions()
     path = Path(labels)
     if not path.is_file():
         raise LabelError(f"{path}: {not_found(path, 'label file not found')}")
@@ -331,15 +346,15 @@ def from_xbd(
         bad = [s for s in report.skipped if s.reason.startswith("unknown damage label")]
         if bad:
             raise LabelError(f"{bad[0].item}: {bad[0].reason}")
-        pre_img, post_img = read_tile_pair(pre, post, max_pixels)
+        pre_img, post_img = read_tile_pair(pre, post, options.max_pixels)
     except (OSError, ValueError, ImageError) as exc:
         if isinstance(exc, LabelError):
             raise
         raise LabelError(f"{path}: {exc}" if str(path) not in str(exc) else str(exc)) from exc
     if pre_img.shape != post_img.shape:
         raise LabelError(f"{post}: not the size of the pre image {pre}; xBD pairs are aligned")
-    post_img, _ = align_images(pre_img, post_img, align)
-    event = event or disaster or path.stem.replace("_post_disaster", "")
+    post_img, _ = align_images(pre_img, post_img, options.align)
+    event = options.event or disaster or path.stem.replace("_post_disaster", "")
     rows = _xbd_rows(path)
     ids, labs, pres, posts, refs = [], [], [], [], []
     for b in buildings:

@@ -22,6 +22,7 @@ from app.adapt.fit import (
     UNLABELLED_PSEUDO_COUNT,
     Adaptation,
     AdaptError,
+    BaseModel,
     adapt_head,
 )
 from data_prep.store import atomic_path
@@ -292,9 +293,7 @@ def adapt_model(
             raw,
             pred.embedding,
             labelled.labels,
-            len(names),
-            t0,
-            base_prototypes(predictor.metadata, names),
+            BaseModel(len(names), t0, base_prototypes(predictor.metadata, names)),
             methods,
             seed,
             unlabelled,
@@ -321,23 +320,48 @@ def identity_head(method: str, k: int, d: int, base_temperature: float = 1.0) ->
     return Head(method, list(range(k)), weights, np.zeros(k), float(base_temperature), k)
 
 
+@dataclass(frozen=True)
+class NetworkFit:
+    """What fine-tuning the network gave, as the ``adaptation`` block of
+    :func:`network_block` records it (the training itself is ``local_damage``'s).
+
+    Attributes:
+        method: ``finetune`` or ``semi``; ``base`` when the base network was kept.
+        embed_dim: the network's embedding size ``D`` (the identity head's width).
+        cv: the cross-validated curve over epochs (``scheme``, ``candidates``, ``curve``).
+        seconds: wall time of the fine-tuning.
+        details: the ``finetune`` block: epochs, options, the choice.
+        base_temperature: ``T0`` of the identity head (1 for a fine-tuned network; the base
+            model's own when the base network was kept).
+    """
+
+    method: str
+    embed_dim: int
+    cv: Mapping[str, Any]
+    seconds: float
+    details: Mapping[str, Any]
+    base_temperature: float = 1.0
+
+
 def network_block(
-    method: str,
+    fit: NetworkFit,
     class_names: Sequence[str],
-    embed_dim: int,
     base_path: str | os.PathLike,
     base_metadata: Mapping[str, Any],
     labels: Mapping[str, Any],
-    cv: Mapping[str, Any],
-    seconds: float,
-    details: Mapping[str, Any],
-    base_temperature: float = 1.0,
 ) -> dict[str, Any]:
-    """The ``adaptation`` metadata prop of a fine-tuned model (``method`` ``finetune`` or
+    """The ``adaptation`` metadata prop of a fine-tuned model (``fit.method`` ``finetune`` or
     ``semi``): the same block as an adapted head's, with an identity head (the network itself
     was changed), ``cv`` the cross-validated curve over epochs and ``finetune`` the details.
-    ``base_temperature``: ``T0`` of the identity head when the base network was kept."""
-    head = identity_head(method, len(class_names), embed_dim, base_temperature)
+
+    Args:
+        fit: what the fine-tuning gave (:class:`NetworkFit`).
+        class_names: the model's classes.
+        base_path: the base model file.
+        base_metadata: its metadata.
+        labels: the labels' counts per class (:meth:`app.adapt.labelled.Buildings.counts`).
+    """
+    head = identity_head(fit.method, len(class_names), fit.embed_dim, fit.base_temperature)
     previous = base_metadata.get(METADATA_KEY)
     if isinstance(previous, Mapping) and isinstance(previous.get("base_model"), Mapping):
         base_model = dict(previous["base_model"])
@@ -349,7 +373,7 @@ def network_block(
             "calibration": base_of(base_metadata)[1],
         }
     return {
-        "method": method,
+        "method": fit.method,
         "selection": (
             "epochs of fine-tuning with the lowest cross-validated NLL of the given labels, kept "
             f"only if they beat the base network clearly: {SELECTION}"
@@ -359,9 +383,9 @@ def network_block(
         "unlabelled_rule": "the network was fine-tuned; every class is scored by it",
         "unlabelled_discount": {},
         "head": head.to_dict(),
-        "cv": dict(cv),
-        "finetune": dict(details),
-        "fit_seconds": round(float(seconds), 3),
+        "cv": dict(fit.cv),
+        "finetune": dict(fit.details),
+        "fit_seconds": round(float(fit.seconds), 3),
         "labels": dict(labels),
         "base_model": base_model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

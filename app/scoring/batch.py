@@ -16,7 +16,6 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -26,12 +25,14 @@ from app.scoring.common import RASTER_SUFFIXES, ScoreOptions
 from app.scoring.detect import score_scene_detected
 from app.scoring.outputs import FORMAT_SUFFIX, OutputError
 from app.scoring.scene import score_scene
+from app.scoring.writer import OutputPaths
 from data_prep.engine import (
+    Bar,
+    Engine,
     JobFailed,
     default_workers,
     describe,
     map_jobs,
-    open_client,
     scheduler_address,
     threads_per_worker,
 )
@@ -232,20 +233,45 @@ def shard_of(name: str, n: int) -> int:
     return int.from_bytes(digest[:8], "big") % n + 1
 
 
-def scene_outputs(
-    out_dir: str | os.PathLike, name: str, fmt: str, raster: bool, overlay: bool,
-    web_map: bool = False,
-) -> dict[str, Path]:  # fmt: skip
-    """Output paths of one scene of a batch: kind -> path."""
-    out_dir, stem = Path(out_dir), safe_name(name)
-    paths = {"vector": out_dir / f"{stem}{FORMAT_SUFFIX[fmt]}"}
-    if raster:
-        paths["raster"] = out_dir / f"{stem}.tif"
-    if overlay:
-        paths["overlay"] = out_dir / f"{stem}.png"
-    if web_map:
-        paths["map"] = out_dir / f"{stem}.html"
-    return paths
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a batch writes for each scene, and which of its scenes it scores.
+
+    Attributes:
+        fmt: ``"geojson"`` or ``"gpkg"``: each scene's per-building output.
+        raster: also write each scene's class raster (``<scene>.tif``).
+        overlay: also write each scene's overlay PNG (``<scene>.png``).
+        web_map: also write each scene's web map (``<scene>.html``, :mod:`app.scoring.webmap`).
+        resume: skip scenes whose outputs all exist.
+        shard: ``(i, n)``: score only the scenes with :func:`shard_of` ``== i``.
+    """
+
+    fmt: str = "geojson"
+    raster: bool = False
+    overlay: bool = False
+    web_map: bool = False
+    resume: bool = False
+    shard: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMAT_SUFFIX:
+            raise OutputError(f"unknown format {self.fmt!r}; use geojson or gpkg")
+
+    def outputs(self, out_dir: str | os.PathLike, name: str) -> dict[str, Path]:
+        """Output paths of one scene of the batch: kind -> path."""
+        out_dir, stem = Path(out_dir), safe_name(name)
+        paths = {"vector": out_dir / f"{stem}{FORMAT_SUFFIX[self.fmt]}"}
+        if self.raster:
+            paths["raster"] = out_dir / f"{stem}.tif"
+        if self.overlay:
+            paths["overlay"] = out_dir / f"{stem}.png"
+        if self.web_map:
+            paths["map"] = out_dir / f"{stem}.html"
+        return paths
+
+    def mine(self, name: str) -> bool:
+        """Whether this batch (its shard) scores the scene ``name``."""
+        return self.shard is None or shard_of(name, self.shard[1]) == self.shard[0]
 
 
 def _absolute(job: SceneJob) -> SceneJob:
@@ -387,17 +413,17 @@ def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
     job, paths = task.job, task.paths
     _remove_stale_temporaries(paths.values())
     options = replace(task.options, progress=progress)
-    vector, raster, overlay = paths["vector"], paths.get("raster"), paths.get("overlay")
-    outputs = {"raster": raster, "overlay": overlay, "web_map": paths.get("map")}
+    outputs = OutputPaths(
+        paths["vector"], paths.get("raster"), paths.get("overlay"), paths.get("map")
+    )
     try:
         if job.buildings is None:  # no footprints: the localiser finds the buildings
             result = score_scene_detected(
                 predictor,
                 job.pre,
                 job.post,
-                vector,
+                outputs,
                 localizer=localizer,
-                **outputs,
                 name=job.name,
                 options=options,
             )
@@ -407,8 +433,7 @@ def _score_task(task: _SceneTask, predictor, localizer, progress: bool) -> dict:
                 job.pre,
                 job.post,
                 job.buildings,
-                vector,
-                **outputs,
+                outputs,
                 name=job.name,
                 options=options,
             )
@@ -423,23 +448,16 @@ def score_batch(
     predictor: Predictor,
     scenes: Sequence[SceneJob],
     out_dir: str | os.PathLike,
+    plan: BatchPlan | None = None,
     *,
-    fmt: str = "geojson",
-    raster: bool = False,
-    overlay: bool = False,
-    resume: bool = False,
-    shard: tuple[int, int] | None = None,
-    problems: Sequence[Skipped] = (),
     options: ScoreOptions | None = None,
     localizer=None,
-    workers: int | None = 1,
-    scheduler: str | None = None,
-    client=None,
-    web_map: bool = False,
+    engine: Engine | None = None,
+    problems: Sequence[Skipped] = (),
 ) -> BatchReport:
     """Score many scenes with one loaded model, one set of outputs per scene.
 
-    A scene that fails is recorded and the batch goes on. With ``resume``, a scene whose outputs
+    A scene that fails is recorded and the batch goes on. With ``plan.resume``, a scene whose outputs
     all exist is left alone (outputs are renamed into place only when complete and the vector
     file is written last, so an existing file is a finished one) and keeps its report in the
     summary, from the earlier summary or read back from its outputs
@@ -450,56 +468,48 @@ def score_batch(
         predictor: the loaded ONNX model.
         scenes: scenes to score (from :func:`read_scene_list`).
         out_dir: output folder (``<scene>.geojson``/``.gpkg``, ``.tif``, ``.png``, ``.html``).
-        fmt: ``"geojson"`` or ``"gpkg"``.
-        raster: also write each scene's class raster.
-        overlay: also write each scene's overlay PNG.
-        web_map: also write each scene's web map (``<scene>.html``, :mod:`app.scoring.webmap`).
-        resume: skip scenes whose outputs exist.
-        shard: ``(i, n)``: score only the scenes with :func:`shard_of` ``== i``.
-        problems: scene-list entries that could not be used, carried into the summary.
+        plan: the outputs of each scene, ``resume`` and ``shard`` (:class:`BatchPlan`; default:
+            GeoJSON only, every scene).
         options: how every scene is scored (:class:`app.scoring.common.ScoreOptions`: batch
             size, block size, pixel limit, alignment; each scene's report records its shift);
             ``options.progress`` shows progress bars over scenes and buildings.
         localizer: the :class:`runtime.localizer.Localizer` that finds the buildings of scenes
             without footprints (default: the bundled one; none available: those scenes fail
             with a message saying how to get one).
-        workers: worker processes of the embedded Dask cluster, one job per scene, each loading
-            the model once (None: one per core; never more than there are scenes to score); 1
-            scores in this process with ``predictor`` (:mod:`data_prep.engine`).
-        scheduler: address of an existing Dask scheduler (else ``$DASK_SCHEDULER_ADDRESS``);
-            its workers load the model from ``predictor.path`` and must see the inputs and
-            ``out_dir`` at the same paths.
-        client: a ``distributed.Client`` to run on as it is.
+        engine: where the scenes run (:class:`data_prep.engine.Engine`; default: in this
+            process). ``workers``: worker processes of the embedded Dask cluster, one job per
+            scene, each loading the model once (None: one per core; never more than there are
+            scenes to score); 1 scores in this process with ``predictor``. ``scheduler``: an
+            existing Dask scheduler (else ``$DASK_SCHEDULER_ADDRESS``), whose workers load the
+            model from ``predictor.path`` and must see the inputs and ``out_dir`` at the same
+            paths. ``client``: a ``distributed.Client`` to run on as it is.
+        problems: scene-list entries that could not be used, carried into the summary.
 
     Returns:
         The batch report; it is also written to :func:`summary_path` and printed by the CLI.
     """
-    options = options or ScoreOptions()
+    options, plan, engine = options or ScoreOptions(), plan or BatchPlan(), engine or Engine()
     progress = options.progress
-    if fmt not in FORMAT_SUFFIX:
-        raise OutputError(f"unknown format {fmt!r}; use geojson or gpkg")
     start = time.perf_counter()
     out_dir = Path(out_dir).absolute()  # workers may run in another working directory
     out_dir.mkdir(parents=True, exist_ok=True)
-    mine = [s for s in scenes if shard is None or shard_of(s.name, shard[1]) == shard[0]]
-    report = BatchReport(problems=list(problems), shard=shard)
+    mine = [s for s in scenes if plan.mine(s.name)]
+    report = BatchReport(problems=list(problems), shard=plan.shard)
     entries: list[dict] = []
     todo: list[_SceneTask] = []
     for job in mine:
-        paths = scene_outputs(out_dir, job.name, fmt, raster, overlay, web_map)
+        paths = plan.outputs(out_dir, job.name)
         entry: dict = {"name": job.name, "outputs": {k: str(v) for k, v in paths.items()}}
         entries.append(entry)
-        if resume and all(p.is_file() for p in paths.values()):
+        if plan.resume and all(p.is_file() for p in paths.values()):
             entry["status"] = "done"
         else:
             todo.append(_SceneTask(_absolute(job), paths, options))
     by_name = {e["name"]: e for e in entries}
     if any(e.get("status") == "done" for e in entries):
-        _done_reports(entries, out_dir, fmt, raster, overlay, predictor.class_names, web_map)
-    workers = default_workers() if workers is None else int(workers)
-    workers = max(min(workers, len(todo)), 1)  # no idle workers to start
+        _done_reports(entries, out_dir, plan, predictor.class_names)
     try:
-        results = _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client)
+        results = _run_tasks(todo, predictor, localizer, progress, engine)
     except BaseException:
         # interrupted (Ctrl-C, SIGTERM) or the cluster failed: the jobs' workers are gone, and
         # what they left half-written goes too; finished outputs stay for --resume
@@ -512,32 +522,32 @@ def score_batch(
         by_name[task.job.name].update(result)
     report.scenes.extend(entries)
     report.seconds = time.perf_counter() - start
-    write_json(summary_path(out_dir, shard), report.to_dict())
+    write_json(summary_path(out_dir, plan.shard), report.to_dict())
     return report
 
 
-def _done_reports(entries, out_dir, fmt, raster, overlay, class_names, web_map=False) -> None:
+def _done_reports(entries, out_dir, plan: BatchPlan, class_names) -> None:
     """Give each scene an earlier run finished its report (``report_from``: ``summary`` or
     ``outputs``; :func:`app.scoring.batch_resume.done_report`)."""
     earlier = earlier_reports(out_dir)
     for entry in entries:
         if entry.get("status") == "done":
-            paths = scene_outputs(out_dir, entry["name"], fmt, raster, overlay, web_map)
+            paths = plan.outputs(out_dir, entry["name"])
             report, where = done_report(entry["name"], paths, earlier, class_names)
             if report is not None:
                 entry["report"], entry["report_from"] = report, where
 
 
-def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client) -> list:
+def _run_tasks(todo, predictor, localizer, progress, engine: Engine) -> list:
     """The results of :func:`_score_task` over ``todo``: here, or as Dask jobs."""
-    with open_client(workers, scheduler) if client is None else nullcontext(client) as cluster:
+    workers = default_workers() if engine.workers is None else int(engine.workers)
+    workers = max(min(workers, len(todo)), 1)  # no idle workers to start
+    with engine.open(len(todo)) as cluster:
         if cluster is None:  # in this process, with the loaded models and per-scene bars
             results = map_jobs(
                 lambda task: _score_task(task, predictor, localizer, progress),
                 todo,
-                progress=progress and len(todo) > 1,
-                desc="scenes",
-                unit="scene",
+                bar=Bar("scenes", "scene", progress and len(todo) > 1),
             )
         else:
             if progress:
@@ -545,7 +555,7 @@ def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client)
             models = _Models(
                 str(Path(predictor.path).absolute()),
                 tuple(predictor.providers),
-                None if scheduler_address(scheduler) else threads_per_worker(workers),
+                None if scheduler_address(engine.scheduler) else threads_per_worker(workers),
                 None if localizer is None else str(Path(localizer.path).absolute()),
                 getattr(predictor, "tta", "none"),
             )
@@ -554,8 +564,6 @@ def _run_tasks(todo, predictor, localizer, progress, workers, scheduler, client)
                 todo,
                 client=cluster,
                 keys=[t.job.name for t in todo],
-                progress=progress,
-                desc="scenes",
-                unit="scene",
+                bar=Bar("scenes", "scene", progress),
             )
     return results

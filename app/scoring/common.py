@@ -1,15 +1,12 @@
-"""The machinery scene mode and xBD mode share: options, report, per-building scores, batched
-grading and the vector output.
+"""The machinery scene mode and xBD mode share: options, report, per-building scores and the
+vector output.
 
 - :class:`ScoreOptions`: how buildings are scored (batch size, block size, pixel limit,
   alignment, progress bars), one object for `score`, `score-batch`, xBD mode and the web app.
 - :class:`ScoreReport`: what scoring one scene produced.
-- :class:`Scores` holds the per-feature results; :class:`Batcher` grades chip pairs a batch at a
-  time and flags them (:mod:`runtime.flags`).
+- :class:`Scores` holds the per-feature results (:mod:`app.scoring.grade` fills them).
 - :func:`write_features`: the input features with their score columns, as GeoJSON or GeoPackage
   (:func:`app.scoring.outputs.write_vector`).
-- :func:`record_order`: whether pre and post look exchanged (:mod:`app.scoring.order`), into
-  the report and, when they do, the output's metadata.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,17 +22,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.scoring.order import OrderCheck, OrderSample
 from app.scoring.outputs import OutputError, vector_format, write_vector
 from data_prep.grid import reproject_geometries
 from data_prep.quality import BLANK
 from data_prep.report import Skipped
-from data_prep.timing import StageTimes, stage_table
-from runtime.familiarity import judge_scene, reference_of, scene_warning
+from data_prep.timing import stage_table
+from runtime.familiarity import scene_warning
 from runtime.flags import BLANK as BLANK_FLAG
-from runtime.flags import OVERSIZED as OVERSIZED_FLAG
-from runtime.flags import Flagger, flags_text, parse_flags
-from runtime.grading import check_cost, grades, rule_text
+from runtime.grading import check_cost, rule_text
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -326,117 +320,6 @@ class Scores:
         cols["status"] = self.status.astype(object)
         cols["source"] = np.full(len(self.status), self.source, dtype=object)
         return cols, masks
-
-
-class Batcher:
-    """Collects chip pairs, grades them ``batch_size`` at a time and flags them; keeps a sample
-    of them for the order check (:class:`app.scoring.order.OrderSample`)."""
-
-    def __init__(
-        self,
-        predictor: Predictor,
-        scores: Scores,
-        batch_size: int,
-        timer: StageTimes | None = None,
-        false_alarm_cost: float = 1.0,
-    ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.predictor, self.scores, self.batch_size = predictor, scores, batch_size
-        self.false_alarm_cost = check_cost(false_alarm_cost)
-        self.timer = timer if timer is not None else StageTimes()
-        self.flagger = Flagger(predictor.metadata)
-        if self.flagger.ood is not None:
-            scores.reference = reference_of(self.flagger.ood.block)
-        self.rows: list[int] = []
-        self.pre: list[np.ndarray] = []
-        self.post: list[np.ndarray] = []
-        self.context: list[float | None] = []
-        self.sample = OrderSample()
-
-    def add(
-        self, row: int, pre: np.ndarray, post: np.ndarray, context_px: float | None = None
-    ) -> None:
-        """Queue a chip pair; ``context_px`` is its residual shift measured on the imagery
-        around the building (:func:`data_prep.residual.context_residual`), None when there is
-        none (the chips alone are measured)."""
-        self.rows.append(row)
-        self.pre.append(pre)
-        self.post.append(post)
-        self.context.append(context_px)
-        self.sample.offer(row, pre, post)
-        if len(self.rows) >= self.batch_size:
-            self.flush()
-
-    def flush(self) -> None:
-        """Grade and flag the queued chip pairs."""
-        if not self.rows:
-            return
-        with self.timer.stage("infer"):
-            pre, post = np.stack(self.pre), np.stack(self.post)
-            sampled = self.sample.wanted(self.rows)
-            pred = self.predictor.predict(
-                pre, post, batch_size=self.batch_size, sides=bool(sampled)
-            )
-            if pred.sides is not None:  # the order check grades these exchanged from them
-                self.sample.keep_sides(
-                    [self.rows[i] for i in sampled], pred.sides[np.asarray(sampled)]
-                )
-            probs = np.asarray(pred.probabilities, dtype=np.float64)
-            rows = np.asarray(self.rows)
-            self.scores.probs[rows] = probs
-            self.scores.class_id[rows] = grades(
-                probs, self.predictor.class_names, self.false_alarm_cost
-            )
-            self.scores.status[rows] = SCORED
-        with self.timer.stage("flags"):
-            familiar = None  # each pair's ood score, which is also its familiarity
-            if self.flagger.ood is not None and pred.embedding is not None:
-                familiar = self.flagger.ood.scores(pred.embedding)
-                self.scores.familiarity[rows] = familiar
-            flags = self.flagger.batch(
-                pre, post, pred.embedding, context_px=self.context, ood_scores=familiar
-            )
-            self.scores.flags[rows] = [flags_text(names) for names in flags]
-        self.rows, self.pre, self.post, self.context = [], [], [], []
-
-
-def record_order(report: ScoreReport, check: OrderCheck) -> None:
-    """Put the order check into the report (its dict, and its warning when it looks reversed)."""
-    report.order, report.order_warning = check.to_dict(), check.warning()
-
-
-def flag_oversized(
-    report: ScoreReport, scores: Scores, areas_px: Callable[[], np.ndarray], largest_px: int | None
-) -> int:
-    """Flag ``oversized`` the scored detected buildings whose footprint covers more than
-    ``largest_px`` pixels of the pre imagery, and say so in the report's notes. Given footprints
-    and ``largest_px`` None flag nothing. ``areas_px()`` gives every footprint's pixels (float
-    [n], NaN where unknown); it is called only when there is something to flag.
-    Returns how many were flagged."""
-    if largest_px is None or scores.source != DETECTED:
-        return 0
-    areas = np.nan_to_num(np.asarray(areas_px(), dtype=np.float64), nan=0.0)
-    rows = np.flatnonzero((scores.class_id >= 0) & (areas > largest_px))
-    for row in rows:
-        scores.flags[row] = flags_text(parse_flags(scores.flags[row]) + [OVERSIZED_FLAG])
-    if len(rows):
-        report.notes.append(
-            f"{len(rows)} detected building(s) cover more than {largest_px:,} px, more than any "
-            "building the localiser learnt from: flagged oversized (cloud, bare ground or "
-            "merged roofs are likelier than one building; check them)"
-        )
-    return len(rows)
-
-
-def report_counts(report: ScoreReport, scores: Scores) -> None:
-    """Fill the report's per-class and not-covered counts from the scores, and judge the
-    scene's familiarity when the model carries the reference (:mod:`runtime.familiarity`)."""
-    for cid in scores.class_id[scores.class_id >= 0]:
-        report.per_class[report.class_names[int(cid)]] += 1
-    report.not_covered = int(np.sum(scores.status == NOT_COVERED))
-    if scores.reference is not None:
-        report.familiarity = judge_scene(scores.familiarity[scores.class_id >= 0], scores.reference)
 
 
 @contextmanager

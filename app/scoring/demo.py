@@ -16,6 +16,7 @@ from pathlib import Path
 from app.scoring.common import ScoreOptions, ScoreReport
 from app.scoring.detect import score_scene_detected
 from app.scoring.scene import score_scene
+from app.scoring.writer import OutputPaths
 from data_prep.synthetic_scene import make_scene
 from runtime.predictor import Predictor
 
@@ -62,10 +63,8 @@ def run_demo(
             predictor,
             pre,
             post,
-            vector,
+            OutputPaths(vector, raster, overlay),
             localizer=localizer,
-            raster=raster,
-            overlay=overlay,
             name="example",
             options=options,
         )
@@ -75,9 +74,7 @@ def run_demo(
             pre,
             post,
             scene.buildings,
-            vector,
-            raster=raster,
-            overlay=overlay,
+            OutputPaths(vector, raster, overlay),
             name="example",
             options=options,
         )

@@ -40,6 +40,7 @@ from app.scoring.common import (
     bounded_gdal_cache,
     image_georef,
 )
+from app.scoring.grade import Origin
 from app.scoring.scene import score_scene
 from app.scoring.writer import OutputPaths
 from app.scoring.xbd import score_xbd
@@ -238,14 +239,11 @@ def score_scene_detected(
     predictor,
     pre: Sequence[str | os.PathLike],
     post: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
+    paths: OutputPaths | str | os.PathLike,
     *,
     localizer=None,
-    raster: str | os.PathLike | None = None,
-    overlay: str | os.PathLike | None = None,
     name: str | None = None,
     options: ScoreOptions | None = None,
-    web_map: str | os.PathLike | None = None,
 ) -> ScoreReport:
     """Find the buildings of a georeferenced scene with the localiser, then grade them as
     :func:`app.scoring.scene.score_scene` grades footprints (``source`` ``detected``).
@@ -253,8 +251,7 @@ def score_scene_detected(
     Args:
         predictor: the loaded damage model (:class:`runtime.predictor.Predictor`).
         pre, post: the scene's pre- and post-disaster GeoTIFF tiles.
-        out, raster, overlay, web_map: the outputs, as :func:`app.scoring.scene.score_scene`
-            writes them.
+        paths: the outputs, as :func:`app.scoring.scene.score_scene` writes them.
         localizer: the :class:`runtime.localizer.Localizer` (default: the bundled one).
         name: scene name (default: the first pre file's stem without ``_pre_disaster``).
         options: as for :func:`app.scoring.scene.score_scene`; the localiser reads the pre
@@ -269,7 +266,8 @@ def score_scene_detected(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    OutputPaths(out, raster, overlay, web_map).check()
+    paths = OutputPaths.of(paths)
+    paths.check()
     localizer = require_localizer(localizer, "--buildings")
     with temporary_folder() as tmp:
         found = detect_scene_footprints(
@@ -286,14 +284,10 @@ def score_scene_detected(
             pre,
             post,
             tmp / "detected.gpkg",
-            out,
-            raster=raster,
-            overlay=overlay,
-            web_map=web_map,
+            paths,
             name=name or scene_name(pre[0]),
-            source=DETECTED,
             options=with_largest_building(options, localizer),
-            building_item=f"{', '.join(map(str, pre))}: detected building",
+            origin=Origin(DETECTED, f"{', '.join(map(str, pre))}: detected building"),
         )
     report.detected, report.seconds = found, time.perf_counter() - start
     return report
@@ -303,14 +297,11 @@ def score_xbd_detected(
     predictor,
     pre: str | os.PathLike,
     post: str | os.PathLike,
-    out: str | os.PathLike,
+    paths: OutputPaths | str | os.PathLike,
     *,
     localizer=None,
-    raster: str | os.PathLike | None = None,
-    overlay: str | os.PathLike | None = None,
     name: str | None = None,
     options: ScoreOptions | None = None,
-    web_map: str | os.PathLike | None = None,
 ) -> ScoreReport:
     """Find the buildings of a pixel-aligned pre/post pair's pre image with the localiser, then
     grade them as :func:`app.scoring.xbd.score_xbd` grades label polygons (``source``
@@ -325,12 +316,13 @@ def score_xbd_detected(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    fmt = OutputPaths(out, raster, overlay, web_map).check()
+    paths = OutputPaths.of(paths)
+    fmt = paths.check()
     if fmt == "geojson" and image_georef(pre)[0] is None:
         raise SceneError(
             pre,
             "is not georeferenced, so the buildings detected on it cannot be placed in "
-            f"longitude/latitude for GeoJSON; write {Path(out).with_suffix('.gpkg').name} "
+            f"longitude/latitude for GeoJSON; write {Path(paths.vector).with_suffix('.gpkg').name} "
             "instead (pixel coordinates)",
         )
     localizer = require_localizer(localizer, "--labels")
@@ -343,14 +335,10 @@ def score_xbd_detected(
             pre,
             post,
             path,
-            out,
-            raster=raster,
-            overlay=overlay,
-            web_map=web_map,
+            paths,
             name=name,
-            source=DETECTED,
             options=with_largest_building(options, localizer),
-            building_item=f"{pre}: detected building",
+            origin=Origin(DETECTED, f"{pre}: detected building"),
         )
     report.detected, report.seconds = found, time.perf_counter() - start
     return report

@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,14 +161,27 @@ def _crs_wkt(crs) -> str:
     return CRS.from_user_input(crs).to_wkt()
 
 
+@dataclass(frozen=True)
+class RasterGrid:
+    """The pixel grid of a class raster.
+
+    Attributes:
+        width, height: grid size in pixels.
+        crs: the grid CRS (None: no georeferencing, pixel grid only).
+        transform: the grid transform (pixel corner -> CRS units); identity when None.
+    """
+
+    width: int
+    height: int
+    crs: Any = None
+    transform: Affine | None = None
+
+
 def write_class_raster(
     path: str | os.PathLike,
     pixel_geometries: Sequence,
     class_ids: np.ndarray,
-    width: int,
-    height: int,
-    crs=None,
-    transform: Affine | None = None,
+    grid: RasterGrid,
     class_names: Sequence[str] = (),
     block_size: int = 1024,
 ) -> Path:
@@ -178,9 +192,7 @@ def write_class_raster(
         pixel_geometries: [N] shapely footprints in pixel coordinates of the grid (x = column,
             y = row); None entries are ignored.
         class_ids: [N] class id per footprint, negative for buildings without a score (left out).
-        width, height: grid size in pixels.
-        crs: the grid CRS (None: no georeferencing, pixel grid only).
-        transform: the grid transform (pixel corner -> CRS units); identity when None.
+        grid: the raster's grid (size and georeferencing).
         class_names: written to the band description and the ``classes`` tag.
         block_size: side in pixels of the blocks rasterised at once (memory is about
             ``block_size**2`` bytes plus the buildings of one block).
@@ -202,6 +214,7 @@ def write_class_raster(
     from rasterio.windows import Window
 
     path = Path(path)
+    width, height, crs, transform = grid.width, grid.height, grid.crs, grid.transform
     if width < 1 or height < 1:
         raise OutputError(f"{path}: cannot write an empty {width}x{height} raster")
     geoms = np.asarray(pixel_geometries, dtype=object)

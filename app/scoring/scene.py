@@ -8,8 +8,11 @@ stored in the model, and graded by an ONNX model through :class:`runtime.predict
   Shapefile, any CRS). Buildings are read one block of the grid at a time
   (:func:`data_prep.scene.iter_building_chips`), so memory does not grow with the scene's size.
 - :func:`app.scoring.xbd.score_xbd`: one xBD pre/post image pair (PNG or TIFF, pixel aligned) and
-  an xBD label JSON whose ``features.xy`` polygons are the buildings (its own module, on the
-  shared machinery of :mod:`app.scoring.common`).
+  an xBD label JSON whose ``features.xy`` polygons are the buildings (its own module).
+
+Both are sources of one pipeline: each yields its buildings and their chips to the one grade
+step (:class:`app.scoring.grade.Grading`) and hands the scores to the one writer
+(:func:`app.scoring.writer.write_outputs`).
 
 Without footprints: :mod:`app.scoring.detect`. Many scenes at once: :mod:`app.scoring.batch`.
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,23 +44,16 @@ from app.scoring import outputs, webmap
 from app.scoring.common import (
     NOT_COVERED,
     SKIPPED,
-    Batcher,
     ScoreOptions,
     ScoreReport,
-    Scores,
     bounded_gdal_cache,
-    flag_oversized,
-    grade_rule,
-    record_order,
-    report_counts,
     to_crs,
 )
-from app.scoring.order import check_order
+from app.scoring.grade import Building, Grading, Origin, new_report
 from app.scoring.writer import OutputPaths, SceneLayout, write_outputs
 from data_prep.alignment import align_scene
 from data_prep.footprints import load_footprints, read_footprint_file
 from data_prep.mosaic import open_scene
-from data_prep.report import Skipped
 from data_prep.scene import NOT_COVERED as CUT_NOT_COVERED
 from data_prep.scene import SKIPPED as CUT_SKIPPED
 from data_prep.scene import (
@@ -117,15 +113,11 @@ def score_scene(
     pre: Sequence[str | os.PathLike],
     post: Sequence[str | os.PathLike],
     buildings: str | os.PathLike,
-    out: str | os.PathLike,
+    paths: OutputPaths | str | os.PathLike,
     *,
-    raster: str | os.PathLike | None = None,
-    overlay: str | os.PathLike | None = None,
     name: str | None = None,
-    source: str = "given",
     options: ScoreOptions | None = None,
-    building_item: str | None = None,
-    web_map: str | os.PathLike | None = None,
+    origin: Origin | None = None,
 ) -> ScoreReport:
     """Grade every building of a georeferenced scene and write the outputs.
 
@@ -142,18 +134,18 @@ def score_scene(
         post: post-disaster GeoTIFF tiles.
         buildings: footprint file (GeoJSON, GeoPackage or Shapefile, any CRS); without one,
             :func:`app.scoring.detect.score_scene_detected` finds the buildings.
-        out: ``.geojson`` (RFC 7946, EPSG:4326) or ``.gpkg`` (pre-grid CRS) per-building output.
-        raster: optional ``.tif``: Cloud-Optimised GeoTIFF of class ids on the pre grid.
-        overlay: optional ``.png``: post image with footprints in class colours and a legend.
+        paths: the outputs (:class:`~app.scoring.writer.OutputPaths`; a bare path: only the
+            vector file): ``.geojson`` (RFC 7946, EPSG:4326) or ``.gpkg`` (pre-grid CRS)
+            per-building output; optional ``.tif`` Cloud-Optimised GeoTIFF of class ids on the
+            pre grid, ``.png`` post image with footprints in class colours and a legend, and
+            ``.html`` web map of the scene (:mod:`app.scoring.webmap`).
         name: scene name (default: the footprint file's stem); the GeoPackage layer name.
-        source: the output ``source`` of every building: ``given``, or ``detected`` for a
-            footprint file the localiser wrote.
         options: batch size, block size (memory grows with its square, not with the scene),
             pixel limit per internal block and read window, alignment and progress bar
             (default :class:`~app.scoring.common.ScoreOptions`).
-        building_item: how the report names a building before its uid (default
-            ``<buildings> feature``); detection names the imagery, not its temporary file.
-        web_map: optional ``.html``: the web map of the scene (:mod:`app.scoring.webmap`).
+        origin: the buildings' ``source`` (``given``, or ``detected`` for a footprint file the
+            localiser wrote) and how the report names them (default ``<buildings> feature``);
+            detection names the imagery, not its temporary file.
 
     Returns:
         The report (per-class counts, not covered, skipped, outputs, time, alignment).
@@ -165,13 +157,10 @@ def score_scene(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    paths = OutputPaths(out, raster, overlay, web_map)
+    origin = origin or Origin()
+    paths = OutputPaths.of(paths)
     paths.check()
-    name = name or Path(buildings).stem
-    class_names = tuple(predictor.class_names)
-    report = ScoreReport(
-        scene=name, class_names=class_names, grade_rule=grade_rule(options.false_alarm_cost)
-    )
+    report = new_report(name or Path(buildings).stem, predictor, options)
     timer = StageTimes()
     with bounded_gdal_cache(), open_scene(pre, post, options.max_pixels) as scene:
         raw = read_footprint_file(buildings)
@@ -190,27 +179,11 @@ def score_scene(
                 scene, pixel_centroids(scene.grid, footprints), options.align, read=window
             )
         report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
-        t = time.perf_counter()
-        table = _read_features(raw)
+        with timer.stage("open"):
+            table = _read_features(raw)
         n = len(table.geometries)
-        report.buildings = n
-        scores = Scores(n, len(class_names), source)
-        # features load_footprints left out keep their reason
-        reasons = {s.item: s.reason for s in footprints.skipped}
-        kept = np.zeros(n, dtype=bool)
-        kept[footprints.rows] = True
-        named = building_item or f"{footprints.path} feature"
-        for row in np.flatnonzero(~kept):
-            uid = table.uids[row]
-            reason = reasons.get(
-                f"{footprints.path} feature {uid}", "not a usable building polygon"
-            )
-            scores.status[row] = f"{SKIPPED}: {reason}"
-            report.skipped.append(Skipped(f"{named} {uid}", reason))
-        timer.add("open", time.perf_counter() - t)
-
-        batcher = Batcher(predictor, scores, options.batch_size, timer, options.false_alarm_cost)
-        for b in iter_building_chips(
+        grading = Grading(predictor, report, n, options, origin.source, timer)
+        chips = iter_building_chips(
             scene,
             footprints,
             predictor.spec,
@@ -219,35 +192,13 @@ def score_scene(
             context=True,
             timer=timer,
             plan=None if shift.applied else plan,  # a shift moves the post coverage
-        ):
-            row = int(footprints.rows[b.index])
-            if b.status == CUT_NOT_COVERED:
-                scores.status[row] = NOT_COVERED
-            elif b.status == CUT_SKIPPED:
-                scores.skip(row, b.reason)
-                report.skipped.append(Skipped(f"{named} {b.uid}", b.reason))
-            else:
-                batcher.add(row, b.pre, b.post, b.context_px)
-        batcher.flush()
-        flag_oversized(
-            report,
-            scores,
-            lambda: _pixel_areas(footprints, scene.grid, n),
-            options.largest_building_px,
         )
+        named = origin.item or f"{footprints.path} feature"
+        grading.run(_buildings(table, footprints, named, chips))
         report.skipped.extend(scene.all_skipped())
-        report_counts(report, scores)
-        with timer.stage("order"):
-            order = check_order(
-                pre,
-                post,
-                predictor,
-                batcher.sample,
-                scores.most_probable(),
-                options.batch_size,
-                scene.open_files(),
-            )
-        record_order(report, order)
+        scores = grading.finish(
+            lambda: _pixel_areas(footprints, scene.grid, n), pre, post, scene.open_files()
+        )
 
         with timer.stage("outputs"):
             layout = _layout(scene, footprints, table, report, options.block_size)
@@ -256,6 +207,27 @@ def score_scene(
     if options.profile:
         report.stages = timer.as_dict()
     return report
+
+
+def _buildings(table: _FeatureTable, footprints, named: str, chips: Iterable) -> Iterator[Building]:
+    """Every feature of the footprint file as the grade step takes it: first those
+    load_footprints left out (with their reason), then each building's chips from ``chips``
+    (:func:`data_prep.scene.iter_building_chips`), or why they were not cut."""
+    reasons = {s.item: s.reason for s in footprints.skipped}
+    kept = np.zeros(len(table.geometries), dtype=bool)
+    kept[footprints.rows] = True
+    for row in np.flatnonzero(~kept):
+        uid = table.uids[row]
+        reason = reasons.get(f"{footprints.path} feature {uid}", "not a usable building polygon")
+        yield Building(int(row), f"{named} {uid}", SKIPPED, reason)
+    for b in chips:
+        row, item = int(footprints.rows[b.index]), f"{named} {b.uid}"
+        if b.status == CUT_NOT_COVERED:
+            yield Building(row, item, NOT_COVERED)
+        elif b.status == CUT_SKIPPED:
+            yield Building(row, item, SKIPPED, b.reason)
+        else:
+            yield Building(row, item, pre=b.pre, post=b.post, context_px=b.context_px)
 
 
 def _pixel_areas(footprints, grid, n: int) -> np.ndarray:
@@ -284,12 +256,14 @@ def _layout(scene, footprints, table: _FeatureTable, report: ScoreReport, block_
         draw_map=lambda path, columns, masks: webmap.scene_map(
             path,
             scene,
-            to_crs(table.geometries, table.crs, "OGC:CRS84"),
-            columns,
-            masks,
-            table.uids,
-            report.class_names,
-            report.scene,
+            webmap.MapBuildings(
+                to_crs(table.geometries, table.crs, "OGC:CRS84"),
+                columns,
+                masks,
+                table.uids,
+                report.class_names,
+                report.scene,
+            ),
         ),
         placed=lambda fmt: _placed(table, grid.crs, fmt),
         raster_block=max(block_size, 256),

@@ -26,6 +26,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -239,53 +240,56 @@ def _escape(text: str) -> str:
     return html.escape(str(text), quote=True)
 
 
-def write_map(
-    path: str | os.PathLike,
-    title: str,
-    features: list[dict],
-    class_names: Sequence[str],
-    pre: Pyramid,
-    post: Pyramid,
-    bounds: Sequence[float],
-    georeferenced: bool,
-    note: str = "",
-) -> Path:
-    """Write the map file atomically (arguments as :func:`map_document`); returns its path."""
+def write_map(path: str | os.PathLike, document: str) -> Path:
+    """Write a map file (:func:`map_document`) atomically; returns its path."""
     path = Path(path)
     check_map_path(path)
-    text = map_document(title, features, class_names, pre, post, bounds, georeferenced, note)
     with atomic_file(path, suffix=path.suffix, text=True) as fh:
-        fh.write(text)
+        fh.write(document)
     return path
 
 
-def scene_map(
-    path: str | os.PathLike,
-    scene,
-    geometries: Sequence,
-    columns: Mapping[str, np.ndarray],
-    masks: Mapping[str, np.ndarray],
-    uids: Sequence[str],
-    class_names: Sequence[str],
-    title: str,
-) -> Path:
-    """The map of a scored georeferenced scene: its pre and post mosaics on Web Mercator.
+@dataclass(frozen=True)
+class MapBuildings:
+    """The graded buildings a map shows.
 
-    Args:
-        path: the ``.html`` file.
-        scene: the open :class:`data_prep.mosaic.Scene` (its post offset as scoring used it).
-        geometries: [N] building geometries in longitude/latitude (None where a feature has
-            none).
+    Attributes:
+        geometries: [N] building geometries (None where a feature has none): in
+            longitude/latitude for :func:`scene_map`, in image pixels for :func:`image_map`.
         columns, masks: the score columns (:meth:`app.scoring.common.Scores.columns`).
         uids: [N] building ids.
         class_names: the model's classes.
         title: the scene's name.
     """
+
+    geometries: Sequence
+    columns: Mapping[str, np.ndarray]
+    masks: Mapping[str, np.ndarray]
+    uids: Sequence[str]
+    class_names: Sequence[str]
+    title: str
+
+    def features(self, geometries: Sequence, pixel: bool = False) -> list[dict]:
+        """:func:`building_features` of these buildings placed at ``geometries``."""
+        return building_features(
+            geometries, self.columns, self.masks, self.uids, self.class_names, pixel=pixel
+        )
+
+
+def scene_map(path: str | os.PathLike, scene, buildings: MapBuildings) -> Path:
+    """The map of a scored georeferenced scene: its pre and post mosaics on Web Mercator.
+
+    Args:
+        path: the ``.html`` file.
+        scene: the open :class:`data_prep.mosaic.Scene` (its post offset as scoring used it).
+        buildings: the graded buildings, geometries in longitude/latitude.
+    """
     grid = scene.grid
     pre, post = scene_pyramids(scene)
     bounds = lonlat_bounds(grid.crs, grid.transform, grid.width, grid.height)
-    features = building_features(geometries, columns, masks, uids, class_names)
-    return write_map(path, title, features, class_names, pre, post, bounds, True)
+    features = buildings.features(buildings.geometries)
+    page = map_document(buildings.title, features, buildings.class_names, pre, post, bounds, True)
+    return write_map(path, page)
 
 
 def image_map(
@@ -293,12 +297,7 @@ def image_map(
     images: tuple[np.ndarray, np.ndarray],
     crs,
     transform,
-    pixel_geometries: Sequence,
-    columns: Mapping[str, np.ndarray],
-    masks: Mapping[str, np.ndarray],
-    uids: Sequence[str],
-    class_names: Sequence[str],
-    title: str,
+    buildings: MapBuildings,
 ) -> Path:
     """The map of a scored pixel-aligned image pair (xBD mode): on Web Mercator when the pre
     image is georeferenced (``crs`` and ``transform``), else in image pixels.
@@ -307,25 +306,27 @@ def image_map(
         path: the ``.html`` file.
         images: the pre and (aligned) post uint8 [H, W, 3] images.
         crs, transform: the pre image's georeferencing, or None.
-        pixel_geometries: [N] building polygons in image pixels (None where a feature has none).
-        columns, masks, uids, class_names, title: as :func:`scene_map`.
+        buildings: the graded buildings, geometries as polygons in image pixels.
     """
     h, w = images[0].shape[:2]
-    geoms = np.empty(len(pixel_geometries), dtype=object)
-    geoms[:] = list(pixel_geometries)
+    title, class_names = buildings.title, buildings.class_names
+    geoms = np.empty(len(buildings.geometries), dtype=object)
+    geoms[:] = list(buildings.geometries)
     if crs is None:
         pre, post = pixel_pyramids(images)
-        features = building_features(geoms, columns, masks, uids, class_names, pixel=True)
+        features = buildings.features(geoms, pixel=True)
         note = "image pixels (not georeferenced)"
-        return write_map(path, title, features, class_names, pre, post, (0, h, w, 0), False, note)
+        bounds = (0, h, w, 0)
+        page = map_document(title, features, class_names, pre, post, bounds, False, note)
+        return write_map(path, page)
     present = np.array([g is not None and not g.is_empty for g in geoms], dtype=bool)
     placed = np.empty(len(geoms), dtype=object)
     if present.any():
         placed[present] = to_crs(affine_geometries(geoms[present], transform), crs, "OGC:CRS84")
     pre, post = array_pyramids(images, crs, transform)
     bounds = lonlat_bounds(crs, transform, w, h)
-    features = building_features(placed, columns, masks, uids, class_names)
-    return write_map(path, title, features, class_names, pre, post, bounds, True)
+    features = buildings.features(placed)
+    return write_map(path, map_document(title, features, class_names, pre, post, bounds, True))
 
 
 def with_corrections(document: str, corrections: Mapping[int, tuple[str, str]]) -> str:

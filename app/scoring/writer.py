@@ -1,9 +1,10 @@
 """One writer of a scored scene's outputs, for scene mode, xBD mode and so every entry point.
 
 :func:`app.scoring.scene.score_scene` and :func:`app.scoring.xbd.score_xbd` (and through them
-the footprint-free variants of :mod:`app.scoring.detect`, batches and the web app) describe
-where their buildings lie in a :class:`SceneLayout` and hand it, with the requested
-:class:`OutputPaths`, to :func:`write_outputs`. It writes the class raster, the overlay and the
+the footprint-free variants of :mod:`app.scoring.detect`, batches and the web app) grade their
+buildings with :class:`app.scoring.grade.Grading`, describe where they lie in a
+:class:`SceneLayout` and hand it, with the requested :class:`OutputPaths`, to
+:func:`write_outputs`. It writes the class raster, the overlay and the
 web map, then the vector file last, so the vector's presence means the scene is finished; when
 any of them fails, those already written are removed (:func:`app.scoring.common.all_or_nothing`).
 """
@@ -41,6 +42,11 @@ class OutputPaths:
     raster: PathLike | None = None
     overlay: PathLike | None = None
     web_map: PathLike | None = None
+
+    @classmethod
+    def of(cls, paths: OutputPaths | PathLike) -> OutputPaths:
+        """``paths`` itself, or a bare vector path as the outputs of only that file."""
+        return paths if isinstance(paths, OutputPaths) else cls(paths)
 
     def check(self) -> str:
         """Validate every path before any work; returns the vector format.
@@ -120,10 +126,7 @@ def _write_raster(path: PathLike, layout: SceneLayout, scores: Scores, report: S
         path,
         layout.pixel,
         scores.class_id,
-        layout.width,
-        layout.height,
-        crs=layout.crs,
-        transform=layout.transform,
+        outputs.RasterGrid(layout.width, layout.height, layout.crs, layout.transform),
         class_names=report.class_names,
         block_size=layout.raster_block,
     )

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,19 +24,13 @@ from app.scoring import webmap
 from app.scoring.common import (
     NOT_COVERED,
     SKIPPED,
-    Batcher,
     ScoreOptions,
     ScoreReport,
-    Scores,
     bounded_gdal_cache,
-    flag_oversized,
-    grade_rule,
     image_georef,
-    record_order,
-    report_counts,
     to_crs,
 )
-from app.scoring.order import check_order
+from app.scoring.grade import Building, Grading, Origin, new_report
 from app.scoring.writer import OutputPaths, SceneLayout, write_outputs
 from data_prep.alignment import align_images
 from data_prep.errors import not_found
@@ -43,7 +38,7 @@ from data_prep.grid import Grid
 from data_prep.imagery import ImageError, split_file_message
 from data_prep.mosaic import SceneError
 from data_prep.quality import blank_reason
-from data_prep.report import PrepareReport, Skipped
+from data_prep.report import PrepareReport
 from data_prep.residual import image_context_residual
 from data_prep.windows import cut_building
 from data_prep.xbd_tiles import parse_buildings, read_tile_pair
@@ -83,15 +78,11 @@ def score_xbd(
     pre: str | os.PathLike,
     post: str | os.PathLike,
     labels: str | os.PathLike,
-    out: str | os.PathLike,
+    paths: OutputPaths | str | os.PathLike,
     *,
-    raster: str | os.PathLike | None = None,
-    overlay: str | os.PathLike | None = None,
     name: str | None = None,
-    source: str = "given",
     options: ScoreOptions | None = None,
-    building_item: str | None = None,
-    web_map: str | os.PathLike | None = None,
+    origin: Origin | None = None,
 ) -> ScoreReport:
     """Grade every building of an xBD label file on its pixel-aligned pre/post image pair.
 
@@ -116,18 +107,17 @@ def score_xbd(
         pre, post: the pre- and post-disaster images (same size).
         labels: xBD label JSON (post or pre; only the polygons are used); without one,
             :func:`app.scoring.detect.score_xbd_detected` finds the buildings.
-        out: ``.geojson`` or ``.gpkg``.
-        raster: optional ``.tif`` class raster on the image's pixel grid.
-        overlay: optional ``.png`` overlay.
+        paths: the outputs (:class:`~app.scoring.writer.OutputPaths`; a bare path: only the
+            vector file): ``.geojson`` or ``.gpkg``, an optional ``.tif`` class raster on the
+            image's pixel grid, ``.png`` overlay and ``.html`` web map
+            (:mod:`app.scoring.webmap`: on Web Mercator when the pre image is georeferenced,
+            else in image pixels).
         name: scene name (default: the label file's stem without ``_post_disaster``).
-        source: the output ``source`` of every building (``given`` or ``detected``).
         options: batch size, pixel limit per image (checked before decoding), alignment and
             progress bar (default :class:`~app.scoring.common.ScoreOptions`; the block size is
             a scene-mode option).
-        building_item: how the report names a building before its uid (default ``<labels>
-            building``); detection names the pre image, not its temporary label file.
-        web_map: optional ``.html`` web map (:mod:`app.scoring.webmap`): on Web Mercator when
-            the pre image is georeferenced, else in image pixels.
+        origin: the buildings' ``source`` and how the report names them (default: given,
+            ``<labels> building``); detection names the pre image, not its temporary label file.
 
     Returns:
         The report.
@@ -141,13 +131,12 @@ def score_xbd(
     """
     start = time.perf_counter()
     options = options or ScoreOptions()
-    paths = OutputPaths(out, raster, overlay, web_map)
+    origin = origin or Origin()
+    paths = OutputPaths.of(paths)
     paths.check()
     labels = Path(labels)
-    name = name or re.sub(r"_(pre|post)_disaster$", "", labels.stem)
-    class_names = tuple(predictor.class_names)
-    report = ScoreReport(
-        scene=name, class_names=class_names, grade_rule=grade_rule(options.false_alarm_cost)
+    report = new_report(
+        name or re.sub(r"_(pre|post)_disaster$", "", labels.stem), predictor, options
     )
     if not labels.is_file():
         raise SceneError(labels, not_found(labels, "label file not found"))
@@ -182,19 +171,45 @@ def score_xbd(
     )
     report.alignment, report.alignment_text = shift.to_dict(), shift.summary()
 
-    n = len(features)
-    report.buildings = n
-    scores = Scores(n, len(class_names), source)
-    by_uid = {b.uid: b for b in buildings}
-    named = building_item or f"{labels} building"
+    named = origin.item or f"{labels} building"
     reasons = {s.item.replace(f"{labels} building", named, 1): s.reason for s in parsed.skipped}
-    used: set[str] = set()
-    spec = predictor.spec
-    batcher = Batcher(
-        predictor, scores, options.batch_size, false_alarm_cost=options.false_alarm_cost
+    grading = Grading(predictor, report, len(features), options, origin.source)
+    images = (pre_img, post_img)
+    grading.run(
+        _buildings(
+            features,
+            {b.uid: b for b in buildings},
+            reasons,
+            named,
+            images,
+            predictor.spec,
+            progress=options.progress,
+        )
     )
+    scores = grading.finish(lambda: _pixel_areas(features), [pre], [post])
+
+    with bounded_gdal_cache():
+        layout = _layout(features, lonlat_wkt, scores, report, images, (crs, transform), labels)
+        write_outputs(paths, layout, scores, report, predictor)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _buildings(
+    features: list[dict],
+    by_uid: dict,
+    reasons: dict[str, str],
+    named: str,
+    images: tuple[np.ndarray, np.ndarray],
+    spec,
+    progress: bool,
+) -> Iterator[Building]:
+    """Every feature of the label file as the grade step takes it: its chips cut from the
+    pair (:func:`data_prep.windows.cut_building`), or why not."""
+    pre_img, post_img = images
+    used: set[str] = set()
     for row, feat in enumerate(
-        tqdm(features, desc="buildings", unit="bldg", disable=None if options.progress else True)
+        tqdm(features, desc="buildings", unit="bldg", disable=None if progress else True)
     ):
         uid = feat["uid"]
         item = f"{named} {uid}"
@@ -205,36 +220,20 @@ def score_xbd(
                 if uid in used
                 else reasons.get(item, "no usable polygon")
             )
-            scores.status[row] = f"{SKIPPED}: {reason}"
-            report.skipped.append(Skipped(item, reason))
+            yield Building(row, item, SKIPPED, reason)
             continue
         used.add(uid)
         chips = cut_building(pre_img, post_img, b, spec)
         if chips is None:
-            scores.status[row] = NOT_COVERED
+            yield Building(row, item, NOT_COVERED)
             continue
         window, pre_chip, post_chip = chips
         blank = blank_reason(pre_chip, post_chip)
         if blank:
-            scores.skip(row, blank)
-            report.skipped.append(Skipped(item, blank))
+            yield Building(row, item, SKIPPED, blank)
             continue
         shift = image_context_residual(pre_img, post_img, b.centroid, window.size)
-        batcher.add(row, pre_chip, post_chip, shift)
-    batcher.flush()
-    flag_oversized(report, scores, lambda: _pixel_areas(features), options.largest_building_px)
-    report_counts(report, scores)
-    order = check_order(
-        [pre], [post], predictor, batcher.sample, scores.most_probable(), options.batch_size
-    )
-    record_order(report, order)
-
-    with bounded_gdal_cache():
-        images = (pre_img, post_img)
-        layout = _layout(features, lonlat_wkt, scores, report, images, (crs, transform), labels)
-        write_outputs(paths, layout, scores, report, predictor)
-    report.seconds = time.perf_counter() - start
-    return report
+        yield Building(row, item, pre=pre_chip, post=post_chip, context_px=shift)
 
 
 def _layout(features, lonlat_wkt, scores, report, images, georef, labels) -> SceneLayout:
@@ -264,12 +263,7 @@ def _layout(features, lonlat_wkt, scores, report, images, georef, labels) -> Sce
             images,
             crs,
             transform,
-            pixel,
-            columns,
-            masks,
-            uids,
-            report.class_names,
-            report.scene,
+            webmap.MapBuildings(pixel, columns, masks, uids, report.class_names, report.scene),
         ),
         placed=lambda fmt: _placed(fmt, features, lonlat_wkt, pixel, grid, labels),
     )

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 from app.scoring.common import ScoreOptions
 from app.scoring.outputs import RASTER_NODATA
+from app.scoring.writer import OutputPaths
 from app.scoring.xbd import score_xbd
 from data_prep.errors import LocalDamageError
 from data_prep.imagery import read_rgb
@@ -87,6 +88,21 @@ class TileResult:
 
 
 # ------------------------------------------------------------------------------------ tiles
+
+
+@dataclass(frozen=True)
+class TileSelection:
+    """Which xBD tiles :func:`evaluate_xview2` scores (:func:`select_tiles`).
+
+    Attributes:
+        tiles: tile names (``<event>_<id>``); None: by ``fold``, or every tile.
+        chips: chip store whose ``splits.csv`` deals tiles to folds (with ``fold``).
+        fold: score the tiles of this fold of ``chips``.
+    """
+
+    tiles: Sequence[str] | None = None
+    chips: str | Path | None = None
+    fold: int | None = None
 
 
 def select_tiles(
@@ -200,8 +216,7 @@ def _grade(
         tile.pre,
         tile.post,
         label,
-        out / f"{tile.name}.gpkg",
-        raster=out / f"{tile.name}.tif",
+        OutputPaths(out / f"{tile.name}.gpkg", raster=out / f"{tile.name}.tif"),
         name=tile.name,
         options=ScoreOptions(batch_size=batch_size, progress=False),
     )
@@ -297,9 +312,7 @@ def evaluate_xview2(
     root: str | Path | Sequence[str | Path],
     model: str | Path,
     out: str | Path,
-    tiles: Sequence[str] | None = None,
-    chips: str | Path | None = None,
-    fold: int | None = None,
+    selection: TileSelection | None = None,
     localizer: str | Path | None = None,
     pngs: bool = False,
     batch_size: int = 32,
@@ -311,7 +324,7 @@ def evaluate_xview2(
         root: xBD root, or several (their tiles together).
         model: the damage model (``.onnx``).
         out: output folder.
-        tiles, chips, fold: which tiles (see :func:`select_tiles`).
+        selection: which tiles (:class:`TileSelection`; default: every tile of ``root``).
         localizer: a localiser model: also score with the footprints it detects.
         pngs: also write the scorer's PNG layout under ``OUT/xview2``.
         batch_size: chips per inference batch.
@@ -331,7 +344,8 @@ def evaluate_xview2(
     if batch_size < 1:
         raise XView2EvaluationError(f"--batch-size must be at least 1, got {batch_size}")
     roots = as_roots(root)
-    selected, description = select_tiles(roots, tiles, chips, fold)
+    selection = selection or TileSelection()
+    selected, description = select_tiles(roots, selection.tiles, selection.chips, selection.fold)
     predictor = Predictor(model)
     loc_model = load_localizer(localizer) if localizer is not None else None
     out = Path(out)
@@ -424,8 +438,8 @@ def evaluate_xview2(
             "root": [str(r) for r in roots],
             "model": str(model),
             "localizer": None if localizer is None else str(localizer),
-            "chips": None if chips is None else str(chips),
-            "fold": fold,
+            "chips": None if selection.chips is None else str(selection.chips),
+            "fold": selection.fold,
             "scorer": "xview2_metrics.py of github.com/DIUx-xView/xView2_scoring",
         },
     }

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.web import events, layout
@@ -44,6 +46,7 @@ from app.web.assess import (
     QUEUE_SIZE,
     SUGGEST_COLUMNS,
     SYNTHETIC_NOTE,
+    TileOptions,
     TileResult,
     app_max_pixels,
     assess_tile,
@@ -71,6 +74,7 @@ __all__ = [
     "QUEUE_SIZE",
     "SUGGEST_COLUMNS",
     "SYNTHETIC_NOTE",
+    "TileOptions",
     "TileResult",
     "app_max_pixels",
     "assess_chip",
@@ -82,6 +86,7 @@ __all__ = [
     "read_chip_pair",
     "AppError",
     "ModelCache",
+    "ServeOptions",
     "build_app",
     "card_markdown",
     "launch",
@@ -136,22 +141,11 @@ def build_app(
     return demo, [str(work)]
 
 
-def launch(
-    models_dir: str | os.PathLike = "models",
-    model: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    auth=None,
-    work_dir: str | os.PathLike | None = None,
-    block: bool = True,
-    max_pixels: int | None = None,
-    share: bool = False,
-    finetuner=None,
-):
-    """Build and serve the app (upload limit, queue; a share link only with ``share``).
+@dataclass(frozen=True)
+class ServeOptions:
+    """How :func:`launch` serves the app.
 
-    Args:
-        models_dir, model, work_dir, max_pixels, finetuner: see :func:`build_app`.
+    Attributes:
         host: interface to bind (127.0.0.1: this machine only).
         port: TCP port.
         auth: optional ``(username, password)`` (one login), or a callable
@@ -161,20 +155,44 @@ def launch(
             thread; close it with ``blocks.close()``).
         share: also serve it on a temporary public link through Gradio's share server (Gradio
             prints the link).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 7860
+    auth: tuple[str, str] | Callable[[str, str], bool] | None = None
+    block: bool = True
+    share: bool = False
+
+
+def launch(
+    models_dir: str | os.PathLike = "models",
+    model: str | None = None,
+    work_dir: str | os.PathLike | None = None,
+    max_pixels: int | None = None,
+    finetuner=None,
+    serve: ServeOptions | None = None,
+):
+    """Build and serve the app (upload limit, queue; a share link only with ``serve.share``).
+
+    Args:
+        models_dir, model, work_dir, max_pixels, finetuner: see :func:`build_app`.
+        serve: host, port, login, blocking and share link (:class:`ServeOptions`; default: its
+            defaults, on 127.0.0.1:7860 until interrupted).
 
     Returns:
-        The ``gr.Blocks`` (when ``block`` is False).
+        The ``gr.Blocks`` (when ``serve.block`` is False).
     """
+    serve = serve or ServeOptions()
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     demo, allowed = build_app(models_dir, model, work_dir, max_pixels, finetuner)
     demo.launch(
-        server_name=host,
-        server_port=port,
-        share=share,
-        auth=auth,
+        server_name=serve.host,
+        server_port=serve.port,
+        share=serve.share,
+        auth=serve.auth,
         max_file_size=MAX_FILE_SIZE,
         allowed_paths=allowed,
-        prevent_thread_lock=not block,
+        prevent_thread_lock=not serve.block,
         theme=layout.offline_theme(),
         css=CHOSEN_CSS,
         ssr_mode=False,

@@ -31,8 +31,10 @@ import numpy as np
 from app.adapt.model import sha256
 from app.scoring.common import ScoreOptions, image_georef, probability_columns
 from app.scoring.detect import DETECTED, detect_tile, with_largest_building
+from app.scoring.grade import Origin
 from app.scoring.outputs import OutputError
 from app.scoring.scene import score_scene
+from app.scoring.writer import OutputPaths
 from app.scoring.xbd import score_xbd
 from app.web.sessions import SESSION_FILE, AppError, check_row, read_session, tile_event, write_json
 from data_prep.footprints import load_footprints
@@ -234,6 +236,25 @@ def app_detect(localizer, pre: Path, post: Path, out_dir: Path, max_pixels: int 
 # Tile mode
 
 
+@dataclass(frozen=True)
+class TileOptions:
+    """How :func:`assess_tile` grades a tile.
+
+    Attributes:
+        batch_size: chips per inference batch.
+        max_pixels: pixel limit per image (None: :func:`app_max_pixels`).
+        source: the output ``source`` of the buildings of the given footprints (``given``;
+            ``detected`` when the localiser found them).
+        false_alarm_cost: a damaged grade only where at least this many times as probable as
+            no-damage (:mod:`runtime.grading`; 1: the most probable grade).
+    """
+
+    batch_size: int = 32
+    max_pixels: int | None = None
+    source: str = "given"
+    false_alarm_cost: float = 1.0
+
+
 @dataclass
 class TileResult:
     """What assessing one tile produced.
@@ -364,11 +385,8 @@ def assess_tile(
     post: str | os.PathLike,
     footprints: str | os.PathLike | None,
     out_dir: str | os.PathLike,
-    batch_size: int = 32,
-    max_pixels: int | None = None,
+    options: TileOptions | None = None,
     localizer=None,
-    source: str = "given",
-    false_alarm_cost: float = 1.0,
 ) -> TileResult:
     """Grade every building of one pre/post tile pair; write overlay, vectors and CSV.
 
@@ -380,13 +398,10 @@ def assess_tile(
         footprints: xBD label JSON, GeoJSON or GeoPackage; None: ``localizer`` detects the
             buildings (:func:`app_detect`), graded with ``source`` ``detected``.
         out_dir: a new folder for this assessment's outputs (created).
-        batch_size: chips per inference batch.
-        max_pixels: pixel limit per image (default :func:`app_max_pixels`).
+        options: batch size, pixel limit, the footprints' ``source`` and the false-alarm cost
+            (:class:`TileOptions`; default: its defaults).
         localizer: the :class:`runtime.localizer.Localizer` used when there are no footprints
             (:func:`app_localizer`).
-        source: the output ``source`` of the buildings of ``footprints``.
-        false_alarm_cost: a damaged grade only where at least this many times as probable as
-            no-damage (:mod:`runtime.grading`; 1: the most probable grade).
 
     Returns:
         The :class:`TileResult`; ``out_dir/session.json`` records the inputs for
@@ -399,8 +414,10 @@ def assess_tile(
             the image, an unreadable footprint file.
     """
     start = time.perf_counter()
+    options = options or TileOptions()
+    source = options.source
     pre, post = Path(pre), Path(post)
-    limit = app_max_pixels(max_pixels)
+    limit = app_max_pixels(options.max_pixels)
     check_image(pre, "pre tile", limit)
     check_image(post, "post tile", limit)
     if footprints is None:
@@ -427,14 +444,13 @@ def assess_tile(
                         "xBD label JSON with pixel polygons"
                     )
             score, images = score_scene, ([pre], [post])
-        options = ScoreOptions(
-            batch_size=batch_size, max_pixels=limit, progress=False,
-            false_alarm_cost=false_alarm_cost,
+        scoring = ScoreOptions(
+            batch_size=options.batch_size, max_pixels=limit, progress=False,
+            false_alarm_cost=options.false_alarm_cost,
         )  # fmt: skip
         report = score(
-            predictor, *images, footprints, vector, overlay=overlay, name=scene, source=source,
-            options=with_largest_building(options, localizer),
-            web_map=web_map,
+            predictor, *images, footprints, OutputPaths(vector, overlay=overlay, web_map=web_map),
+            name=scene, options=with_largest_building(scoring, localizer), origin=Origin(source),
         )  # fmt: skip
         if mode == "xbd" and report.buildings and report.not_covered == report.buildings:
             raise AppError(

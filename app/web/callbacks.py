@@ -17,6 +17,7 @@ from typing import Any
 from app.web.adapt_panel import FINETUNE_INSTALL, adapt_to_event, suggest_next
 from app.web.assess import (
     SUGGEST_COLUMNS,
+    TileOptions,
     app_localizer,
     assess_tile,
     building_chips,
@@ -130,9 +131,8 @@ def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_ala
         file_path(post),
         file_path(footprints),
         ctx.new_session(),
-        max_pixels=ctx.max_pixels,
+        TileOptions(max_pixels=ctx.max_pixels, false_alarm_cost=cost),
         localizer=None if footprints else app_localizer(ctx.models_dir),
-        false_alarm_cost=cost,
     )
     return (
         str(result.overlay),
@@ -278,8 +278,7 @@ def on_adapt(ctx: AppContext, model_path, session, event, finetune=False):
         info["post"],
         info["footprints"],
         ctx.new_session(),
-        max_pixels=ctx.max_pixels,
-        source=info.get("source", "given"),
+        TileOptions(max_pixels=ctx.max_pixels, source=info.get("source", "given")),
     )
     set_event(result.session, done.labels.event)
     carried = carry_corrections(session, result.session)

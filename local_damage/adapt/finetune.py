@@ -146,8 +146,6 @@ def _class_weights(y: np.ndarray, k: int):
 
 def train_top(
     net,
-    top,
-    params,
     feats,
     y: np.ndarray,
     epochs: int,
@@ -156,14 +154,17 @@ def train_top(
     on_epoch=None,
     unlabelled=None,
 ) -> dict[str, Any]:
-    """Train ``top`` and the classifier for ``epochs`` epochs on cached features ``feats``
-    (``[8, 2, N, C, h, w]``) of labels ``y``; ``on_epoch(e)`` is called after each epoch (e from
-    1). With ``unlabelled`` (a :class:`local_damage.adapt.semi.Unlabelled`), each step adds
-    FixMatch's pseudo-label loss. Returns the FixMatch figures (empty without it)."""
+    """Train the top of ``net`` (its last ``options.blocks`` encoder blocks,
+    :func:`~local_damage.adapt.network.split_network`) and the classifier for ``epochs`` epochs
+    on cached trunk features ``feats`` (``[8, 2, N, C, h, w]``) of labels ``y``; ``on_epoch(e)``
+    is called after each epoch (e from 1). With ``unlabelled`` (a
+    :class:`local_damage.adapt.semi.Unlabelled`), each step adds FixMatch's pseudo-label loss.
+    Returns the FixMatch figures (empty without it)."""
     import math
 
     import torch
 
+    _, top, params = split_network(net, options.blocks)
     k = net.cfg.num_classes
     gen = torch.Generator().manual_seed(int(seed))
     head = list(net.classifier.parameters())
@@ -279,7 +280,7 @@ def finetune(
         base, config = load_network(weights)
         size = input_size(config, pre.shape[1])
         net = copy.deepcopy(base)
-        trunk, top, _ = split_network(net, options.blocks)
+        trunk, _, _ = split_network(net, options.blocks)
         x_pre, x_post = prepare_chips(pre, size), prepare_chips(post, size)
         feats = trunk_features(trunk, x_pre, x_post)
         extra = None
@@ -293,7 +294,7 @@ def finetune(
         folds = _folds(y, options.seed)
         for j, (tr, te) in enumerate(folds):
             fold = copy.deepcopy(base)
-            _, ftop, fparams = split_network(fold, options.blocks)
+            _, ftop, _ = split_network(fold, options.blocks)
 
             def record(e, fold=fold, ftop=ftop, te=te, j=j):
                 with torch.no_grad():
@@ -301,18 +302,8 @@ def finetune(
                 nll[e, te], f1[e, j], right[e, te] = _metrics(logits, y[te])
 
             record(0)
-            train_top(
-                fold,
-                ftop,
-                fparams,
-                feats[:, :, tr],
-                y[tr],
-                n_ep,
-                options,
-                options.seed + j,
-                record,
-                extra,
-            )
+            seed = options.seed + j
+            train_top(fold, feats[:, :, tr], y[tr], n_ep, options, seed, record, extra)
         curve = [
             {
                 "epoch": e,
@@ -339,8 +330,7 @@ def finetune(
         epochs = best if ok and best > 0 else 0
         semi: dict[str, Any] = {}
         if epochs:
-            _, top, params = split_network(net, options.blocks)
-            semi = train_top(net, top, params, feats, y, epochs, options, options.seed, None, extra)
+            semi = train_top(net, feats, y, epochs, options, options.seed, unlabelled=extra)
         else:
             net = base
         for p in net.parameters():

@@ -1,10 +1,12 @@
 """The PyTorch backend of evaluation: the model of a run folder as a
-:class:`~local_damage.evaluation.scorers.Scorer` (the ONNX backend, torch-free, is
-:class:`~local_damage.evaluation.scorers.OnnxScorer`)."""
+:class:`~runtime.evaluation.scorers.Scorer` (the ONNX backend, torch-free, is
+:class:`~runtime.evaluation.scorers.OnnxScorer`), and the second, augmented view of chips that
+either backend embeds for SAA and SAD (:func:`augmented_view`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +19,23 @@ from tqdm import tqdm
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from local_damage.config import load_yaml
 from local_damage.data import ChipPairDataset, normalize
-from local_damage.evaluation.scorers import (
-    EvaluationError,
-    Scored,
-    Scorer,
-    augmented_view,
-    check_views,
-)
 from local_damage.models import build_model
 from local_damage.train import checkpoint as ckpt
 from local_damage.train.config import Config
 from local_damage.train.device import autocast_context, resolve_device
 from local_damage.train.loop import model_config_for
+from runtime.evaluation.scorers import EvaluationError, Scored, Scorer, check_views
 from runtime.training_tiles import run_training_tiles
+
+
+def augmented_view(
+    chips: Path, chip_ids: Sequence[str], input_size: int, seed: int
+) -> ChipPairDataset:
+    """Dataset of the second view: the training augmentation, seeded per chip (a
+    :data:`runtime.evaluation.scorers.SecondView`)."""
+    dataset = ChipPairDataset(chips, chip_ids, input_size, augment=True, seed=seed)
+    dataset.set_epoch(0)
+    return dataset
 
 
 class TorchScorer(Scorer):

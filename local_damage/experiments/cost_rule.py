@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from local_damage.metrics import macro_f1_present
 from runtime.grading import grades
+from runtime.metrics import macro_f1_present
 
 #: The costs the table shows.
 COSTS = (1.0, 2.0, 3.0, 5.0, 10.0)

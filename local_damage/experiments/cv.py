@@ -2,7 +2,7 @@
 
 For every config (a *method*, named after its file or ``--name``) and every fold of
 ``CHIPS/splits.csv``, a model is trained in ``OUT/<method>/fold<K>`` with that fold held out
-and then evaluated on it (see :mod:`local_damage.evaluation.evaluate`; no t-SNE). The folds' metrics become
+and then evaluated on it (see :mod:`runtime.evaluation.evaluate`; no t-SNE). The folds' metrics become
 
 - Table 2 (``table2.md/.csv``): accuracy and macro-F1 as mean (min-max) over folds, one row per
   method with its batch size and input size;
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,16 @@ from data_prep.spec import CLASS_NAMES
 from data_prep.split import load_splits
 from data_prep.store import read_manifest, safe_name
 from local_damage.config import ConfigError, load_yaml, to_dict
-from local_damage.evaluation.evaluate import METRICS_JSON, evaluate_chips
 from local_damage.evaluation.torch_scorer import TorchScorer
 from local_damage.experiments.cv_report import protocol_summary, write_protocol_table
 from local_damage.experiments.cv_tables import write_tables
 from local_damage.experiments.nested import choose_recipe
-from local_damage.metrics import classification_metrics
 from local_damage.train.checkpoint import LAST_DIR
 from local_damage.train.config import Config
+from local_damage.train.loaders import ChipSplit
 from local_damage.train.loop import SUMMARY, train
+from runtime.evaluation.evaluate import METRICS_JSON, EvaluationOptions, evaluate_chips
+from runtime.metrics import classification_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,29 @@ FOLD_ERRORS = (FileNotFoundError, ValueError, KeyError, RuntimeError)
 
 class CrossValidationError(LocalDamageError, ValueError):
     """Arguments that make the whole cross-validation impossible (bad config, no splits...)."""
+
+
+@dataclass(frozen=True)
+class CVOptions:
+    """How the configs are cross-validated (the defaults: ``local-damage cv``'s).
+
+    Attributes:
+        folds: the folds to run (None: every fold of splits.csv).
+        holdout: a fold of splits.csv kept out of every training run and never evaluated (the
+            test tiles of a model whose figures must not be tuned on); it cannot be in ``folds``.
+        views: 2 adds SAA/SAD to each fold's representation metrics; 1 skips the second view.
+        inner: 0 reports every config as a method; ``K >= 2`` chooses one config per outer fold
+            on ``K`` inner folds of its training tiles and reports the choices as ``selected``.
+        inner_seed: seed of the inner folds' dealing.
+        progress: show training progress bars and per-epoch lines.
+    """
+
+    folds: Sequence[int] | None = None
+    holdout: int | None = None
+    views: int = 2
+    inner: int = 0
+    inner_seed: int = 0
+    progress: bool = True
 
 
 def method_names(configs: Sequence[str | Path], names: Sequence[str] | None = None) -> list[str]:
@@ -150,7 +175,7 @@ def run_fold(
         chips: chip store folder with splits.csv.
         run: the fold's run folder.
         fold: the held-out fold.
-        views: views for the representation metrics (see :func:`local_damage.evaluation.evaluate.evaluate`).
+        views: views for the representation metrics (see :func:`runtime.evaluation.evaluate.evaluate`).
         progress: show training progress.
         holdout: a fold never trained on (the test tiles), as ``train --holdout``.
 
@@ -170,19 +195,14 @@ def run_fold(
     how = "evaluated"
     if not has_summary:
         resume = (run / LAST_DIR / "state.pt").is_file()
-        train(cfg, chips, run, fold=fold, resume=resume, progress=progress, holdout=holdout)
+        split = ChipSplit(fold=fold, holdout=holdout)
+        train(cfg, chips, run, split, resume=resume, progress=progress)
         how = "resumed" if resume else "trained"
     scorer = TorchScorer(run)
-    metrics = evaluate_chips(
-        scorer,
-        chips,
-        run,
-        fold=fold,
-        views=views,
-        tsne=False,
-        batch_size=cfg.train.eval_batch_size,
-        seed=cfg.train.seed,
+    options = EvaluationOptions(
+        views=views, tsne=False, batch_size=cfg.train.eval_batch_size, seed=cfg.train.seed
     )
+    metrics = evaluate_chips(scorer, chips, run, fold, options)
     return metrics, how
 
 
@@ -266,14 +286,9 @@ def cross_validate(
     configs: Sequence[str | Path],
     chips: str | Path,
     out: str | Path,
-    folds: Sequence[int] | None = None,
+    options: CVOptions | None = None,
     overrides: Sequence[str] = (),
     names: Sequence[str] | None = None,
-    views: int = 2,
-    progress: bool = True,
-    holdout: int | None = None,
-    inner: int = 0,
-    inner_seed: int = 0,
 ) -> dict[str, Any]:
     """Train and evaluate every config on every fold; write the tables to ``out``.
 
@@ -281,16 +296,9 @@ def cross_validate(
         configs: training config YAML files (one method each).
         chips: chip store folder with splits.csv.
         out: output folder (runs in ``out/<method>/fold<K>``).
-        folds: the folds to run (default: every fold of splits.csv).
+        options: the folds, held-out fold, views and inner folds (:class:`CVOptions`).
         overrides: ``key=value`` overrides applied to every config.
         names: method names (default: the config file stems).
-        views: 2 adds SAA/SAD to each fold's representation metrics; 1 skips the second view.
-        progress: show training progress bars and per-epoch lines.
-        holdout: a fold of splits.csv kept out of every training run and never evaluated (the
-            test tiles of a model whose figures must not be tuned on); it cannot be in ``folds``.
-        inner: 0 reports every config as a method; ``K >= 2`` chooses one config per outer fold
-            on ``K`` inner folds of its training tiles and reports the choices as ``selected``.
-        inner_seed: seed of the inner folds' dealing.
 
     Returns:
         The results written to ``out/cv_results.json``: ``chips``, ``folds``, ``class_names``,
@@ -302,7 +310,9 @@ def cross_validate(
         CrossValidationError: a config cannot be loaded, names clash, a fold is not in
             splits.csv, or the store has no manifest or no (current) splits.csv.
     """
-    chips, out = Path(chips), Path(out)
+    chips, out, options = Path(chips), Path(out), options or CVOptions()
+    folds, holdout, inner = options.folds, options.holdout, options.inner
+    views, progress = options.views, options.progress
     labels = method_names(configs, names)
     loaded = []
     for path in configs:
@@ -377,7 +387,7 @@ def cross_validate(
                 out,
                 folds,
                 inner,
-                inner_seed,
+                options.inner_seed,
                 views,
                 progress,
                 class_names,

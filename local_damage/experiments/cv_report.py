@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from data_prep.store import atomic_path, read_manifest
-from local_damage.evaluation.evaluate import PREDICTIONS_CSV
 from local_damage.experiments.cost_rule import cost_curve, cost_table
 from local_damage.experiments.oof_calibration import calibration_study, calibration_table
-from local_damage.metrics import classification_metrics, present_class_f1
-from local_damage.metrics.calibration import expected_calibration_error
+from runtime.evaluation.evaluate import PREDICTIONS_CSV
+from runtime.metrics import classification_metrics, present_class_f1
+from runtime.metrics.calibration import expected_calibration_error
 
 OOF_CSV = "oof_predictions.csv"
 CV_TABLE = "cv_table.md"

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.split import fold_indices
-from local_damage.evaluation.evaluate import evaluate
 from local_damage.evaluation.torch_scorer import TorchScorer
+from runtime.evaluation.evaluate import EvaluationOptions, evaluate
 
 TRAIN_EVAL = "train_eval"
 EMBEDDINGS = "embeddings.npz"
@@ -38,9 +38,8 @@ def fold_extras(run: str | Path, chips: str | Path, fold: int, train_sample: int
         keep = np.sort(rng.choice(len(train_ids), train_sample, replace=False))
         train_ids = [train_ids[i] for i in keep]
     scorer = TorchScorer(run)
-    metrics = evaluate(
-        scorer, chips, train_ids, run / TRAIN_EVAL, views=1, tsne=False, batch_size=256
-    )
+    options = EvaluationOptions(views=1, tsne=False, batch_size=256)
+    metrics = evaluate(scorer, chips, train_ids, run / TRAIN_EVAL, options)
     test = scorer.score(chips, test_ids, views=1, batch_size=256)
     train = scorer.score(chips, train_ids, views=1, batch_size=256)
     np.savez_compressed(

@@ -22,9 +22,10 @@ import numpy as np
 
 from data_prep.split import inner_folds, load_splits
 from data_prep.store import read_manifest, write_json
-from local_damage.evaluation.evaluate import METRICS_JSON, evaluate
 from local_damage.evaluation.torch_scorer import TorchScorer
+from local_damage.train.loaders import ChipSplit
 from local_damage.train.loop import SUMMARY, train
+from runtime.evaluation.evaluate import METRICS_JSON, EvaluationOptions, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +47,11 @@ def inner_run(
     if (run / SUMMARY).is_file() and (run / METRICS_JSON).is_file():
         return json.loads((run / METRICS_JSON).read_text())
     if not (run / SUMMARY).is_file():
-        train(cfg, chips, run, ids=(train_ids, []), progress=progress)
-    return evaluate(
-        TorchScorer(run),
-        chips,
-        test_ids,
-        run,
-        views=1,
-        tsne=False,
-        batch_size=cfg.train.eval_batch_size,
-        seed=cfg.train.seed,
+        train(cfg, chips, run, ChipSplit(ids=(train_ids, [])), progress=progress)
+    options = EvaluationOptions(
+        views=1, tsne=False, batch_size=cfg.train.eval_batch_size, seed=cfg.train.seed
     )
+    return evaluate(TorchScorer(run), chips, test_ids, run, options)
 
 
 def choose_recipe(

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from local_damage.metrics.calibration import (
+from runtime.calibration import CalibrationError, fit_temperature
+from runtime.metrics.calibration import (
     expected_calibration_error,
     negative_log_likelihood,
 )
-from runtime.calibration import CalibrationError, fit_temperature
 
 #: The maps tried, in report order.
 MAPS = ("temperature", "temperature per grade", "vector scaling")

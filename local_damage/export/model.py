@@ -18,7 +18,7 @@ logits must match PyTorch, or nothing is written. An int8 (``--quantize int8``) 
 is stored in the model (``parity``) and beside it as ``NAME.parity.json``.
 
 Calibration is a separate step on the written model
-(:func:`local_damage.evaluation.calibrate.calibrate_model`); ``local-damage export
+(:func:`runtime.evaluation.calibrate.calibrate_model`); ``local-damage export
 --calibrate-fold K`` runs it after the export.
 """
 

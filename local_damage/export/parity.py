@@ -22,8 +22,8 @@ from data_prep.store import read_manifest
 from local_damage.data import ChipPairDataset
 from local_damage.export.graph import uint8_model
 from local_damage.export.options import ExportError
-from local_damage.metrics import classification_metrics
 from runtime.contract import OUTPUT_NAMES
+from runtime.metrics import classification_metrics
 
 #: Largest accepted |logit| difference between ONNX Runtime fp32 and PyTorch.
 LOGIT_TOLERANCE = 1e-4

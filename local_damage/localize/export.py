@@ -41,11 +41,6 @@ from local_damage.export.options import DEFAULT_OPSET
 from local_damage.export.provenance import SYNTHETIC_EVENT_PREFIX, XBD_CREDIT
 from local_damage.export.quantize import quantize_int8
 from local_damage.localize.config import LocalizeConfig
-from local_damage.localize.errors import (
-    LocalizeError,
-    LocalizeFileNotFoundError,
-    LocalizerExportError,
-)
 from local_damage.localize.model import UInt8Localizer, build_unet, torch_model
 from local_damage.localize.train import BEST, SUMMARY
 from runtime.contract import (
@@ -57,6 +52,11 @@ from runtime.contract import (
     open_session,
     save_onnx,
     set_metadata,
+)
+from runtime.localize_errors import (
+    LocalizeError,
+    LocalizeFileNotFoundError,
+    LocalizerExportError,
 )
 
 #: Largest accepted |probability| difference between ONNX Runtime fp32 and PyTorch.

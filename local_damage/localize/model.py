@@ -99,7 +99,7 @@ def normalize(image: torch.Tensor) -> torch.Tensor:
 
 
 def torch_model(net: nn.Module, flip_tta: bool = False):
-    """A :data:`~local_damage.localize.evaluate.Model` function over a PyTorch U-Net (eval mode):
+    """A :data:`~runtime.evaluation.localizer.Model` function over a PyTorch U-Net (eval mode):
     uint8 ``[1, h, w, 3]`` in, building probability ``[1, h, w]`` out, averaged over flips with
     ``flip_tta`` (as the exported graph does)."""
 

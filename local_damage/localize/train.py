@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +33,18 @@ from data_prep.xbd_tiles import as_roots, roots_label
 from local_damage.config import save_yaml, to_dict
 from local_damage.localize.config import LocalizeConfig
 from local_damage.localize.data import TileCrops
-from local_damage.localize.errors import LocalizeError
-from local_damage.localize.evaluate import (
+from local_damage.localize.model import build_unet, normalize, torch_model
+from local_damage.train.checkpoint import save_weights
+from local_damage.train.device import resolve_device
+from local_damage.train.loop import build_optimizer, seed_everything
+from runtime.evaluation.localizer import (
     building_mask,
     choose_operating_point,
     pixel_counts,
     predict_probability,
     scores,
 )
-from local_damage.localize.model import build_unet, normalize, torch_model
-from local_damage.train.checkpoint import save_weights
-from local_damage.train.device import resolve_device
-from local_damage.train.loop import build_optimizer, seed_everything
+from runtime.localize_errors import LocalizeError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,27 @@ def bce_dice_loss(
     prob = torch.sigmoid(logits)
     dice = (2 * (prob * target).sum() + 1) / (prob.sum() + target.sum() + 1)
     return bce_weight * bce + dice_weight * (1 - dice)
+
+
+@dataclass(frozen=True)
+class TileSplit:
+    """Which tiles a localiser trains on and validates on (the defaults: the tile folds of
+    ``local-damage split --folds 5 --seed 14``, every tile trained on, no validation).
+
+    Attributes:
+        fold: validation fold; None trains on every tile outside ``holdout`` without validation
+            (the last weights are kept and the threshold stays 0.5, smallest blob 0).
+        holdout: test fold, never read.
+        folds: number of tile folds.
+        split_seed: seed of the tile folds.
+        splits: take the folds from this chip store ``splits.csv`` instead.
+    """
+
+    fold: int | None = None
+    holdout: int | None = None
+    folds: int = 5
+    split_seed: int = 14
+    splits: str | os.PathLike | None = None
 
 
 def split_tiles(tiles, folds_of: dict[str, int], fold: int | None, holdout: int | None):
@@ -153,13 +175,12 @@ def train_epoch(
     epoch: int,
     progress: bool,
     precision: str = "fp32",
-    device: torch.device | None = None,
     scaler: torch.amp.GradScaler | None = None,
 ) -> float:
-    """One pass over the crops on ``device`` (the CPU by default; ``precision`` ``bf16`` or
-    ``fp16``: under autocast to that type, the loss in fp32; fp16 scales the loss with
-    ``scaler``, kept across epochs by the caller); returns the mean loss."""
-    device = device or torch.device("cpu")
+    """One pass over the crops on the device of ``net`` (``precision`` ``bf16`` or ``fp16``:
+    under autocast to that type, the loss in fp32; fp16 scales the loss with ``scaler``, kept
+    across epochs by the caller); returns the mean loss."""
+    device = next(net.parameters()).device
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
     autocast = torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
     scaler = scaler or torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -217,12 +238,8 @@ def train_localizer(
     cfg: LocalizeConfig,
     root: str | os.PathLike | Sequence[str | os.PathLike],
     out: str | os.PathLike,
+    split: TileSplit | None = None,
     *,
-    fold: int | None = None,
-    holdout: int | None = None,
-    folds: int = 5,
-    split_seed: int = 14,
-    splits: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train a localiser on the xBD tiles below ``root`` and write the run folder ``out``.
@@ -231,24 +248,21 @@ def train_localizer(
         cfg: the resolved config (saved as ``out/config.yaml``).
         root: xBD root (images/ and labels/), or several (their tiles together).
         out: run folder.
-        fold: validation fold; None trains on every tile outside ``holdout`` without validation
-            (the last weights are kept and the threshold stays 0.5, smallest blob 0).
-        holdout: test fold, never read.
-        folds, split_seed: the tile split (that of ``local-damage split --folds 5 --seed 14`` by
-            default).
-        splits: take the folds from this chip store ``splits.csv`` instead.
+        split: the validation fold, the test fold and the tile folds (:class:`TileSplit`; None:
+            every tile of the default folds trained on, without validation).
         progress: show a progress bar and log one line per epoch.
 
     Returns:
         The run summary (also ``out/summary.json``).
     """
-    out = Path(out)
+    out, split = Path(out), split or TileSplit()
+    fold, holdout = split.fold, split.holdout
     device = training_device(cfg.train.device)
     seed_everything(cfg.train.seed, deterministic=False)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     tiles = find_mask_tiles(root)
-    folds_of = fold_map(tiles, folds, split_seed, splits)
+    folds_of = fold_map(tiles, split.folds, split.split_seed, split.splits)
     train_tiles, val_tiles = split_tiles(tiles, folds_of, fold, holdout)
     if not train_tiles:
         raise LocalizeError(
@@ -269,7 +283,7 @@ def train_localizer(
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     for epoch in range(cfg.train.epochs):
         t0 = time.perf_counter()
-        loss = train_epoch(net, loader, optimizer, cfg, epoch, progress, precision, device, scaler)
+        loss = train_epoch(net, loader, optimizer, cfg, epoch, progress, precision, scaler)
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step()
         epoch_seconds.append(time.perf_counter() - t0)
@@ -304,7 +318,12 @@ def train_localizer(
         operating = {**point, "chosen_on": {"fold": fold, "tiles": [t.name for t in val_tiles]}}
     summary = {
         "root": [str(r) for r in as_roots(root)],
-        "split": {"folds": folds, "by": "tile", "seed": split_seed, "splits": splits},
+        "split": {
+            "folds": split.folds,
+            "by": "tile",
+            "seed": split.split_seed,
+            "splits": split.splits,
+        },
         "fold": fold,
         "holdout": holdout,
         "train_tiles": [t.name for t in train_tiles],

@@ -1,7 +1,7 @@
 """One epoch: a training pass over the loader, then validation with the class-mean geometry.
 
 Both record the geometry of the class means of the normalised embeddings ``z``
-(:func:`local_damage.metrics.gram_summary`): ``train_*`` from the embeddings the loss saw during
+(:func:`runtime.metrics.gram_summary`): ``train_*`` from the embeddings the loss saw during
 the epoch (augmented, the weights moving), ``val_*`` from the validation chips under the weights
 the epoch ends with.
 """
@@ -19,17 +19,17 @@ from tqdm import tqdm
 
 from data_prep.spec import CLASS_NAMES
 from local_damage.data import normalize
-from local_damage.metrics import (
+from local_damage.train.config import Config
+from local_damage.train.device import autocast_context, peak_memory_mb, reset_peak
+from local_damage.train.distributed import DistInfo, gather_labels, gather_with_grad
+from local_damage.train.loaders import start_epoch
+from runtime.metrics import (
     class_mean_gram,
     classification_metrics,
     gram_of_sums,
     gram_summary,
     unit_rows,
 )
-from local_damage.train.config import Config
-from local_damage.train.device import autocast_context, peak_memory_mb, reset_peak
-from local_damage.train.distributed import DistInfo, gather_labels, gather_with_grad
-from local_damage.train.loaders import start_epoch
 
 
 @dataclass

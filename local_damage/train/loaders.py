@@ -8,6 +8,7 @@ Validation reads the labelled chips of its ids in order, without augmentation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +33,31 @@ class Loaders:
     val: DataLoader | None
 
 
-def split_chip_ids(
-    chips: str | Path,
-    fold: int | None,
-    holdout: int | None,
-    ids: tuple[list[str], list[str]] | None,
-) -> tuple[list[str], list[str]]:
+@dataclass(frozen=True)
+class ChipSplit:
+    """Which chips of a store a run trains on and validates on.
+
+    With nothing set, every labelled chip of the manifest trains and there is no validation
+    (the last epoch's weights become ``best.safetensors``).
+
+    Attributes:
+        fold: validate on this fold of splits.csv and train on the others.
+        holdout: a fold of splits.csv never used, neither for training nor for validation: the
+            test tiles of a model whose figures must not be tuned on (``evaluate --fold``).
+        ids: ``(train_ids, val_ids)`` chip ids chosen by the caller instead of ``fold`` and
+            ``holdout`` (e.g. the other events of a leave-one-event-out comparison); an empty
+            ``val_ids`` trains without validation.
+    """
+
+    fold: int | None = None
+    holdout: int | None = None
+    ids: tuple[Sequence[str], Sequence[str]] | None = None
+
+
+def split_chip_ids(chips: str | Path, split: ChipSplit) -> tuple[list[str], list[str]]:
     """``(train_ids, val_ids)``: the caller's ``ids``, the folds of splits.csv, or every chip of
-    the manifest without validation (see :func:`local_damage.train.loop.train`)."""
+    the manifest without validation."""
+    fold, holdout, ids = split.fold, split.holdout, split.ids
     if ids is not None:
         if fold is not None or holdout is not None:
             raise ValueError("give chip ids or a fold/holdout of splits.csv, not both")

@@ -41,7 +41,7 @@ from local_damage.train.distributed import (
     replica_checksums,
 )
 from local_damage.train.epoch import Learner, train_epoch, validate
-from local_damage.train.loaders import Loaders, build_loaders, split_chip_ids
+from local_damage.train.loaders import ChipSplit, Loaders, build_loaders, split_chip_ids
 from local_damage.train.records import EpochRecords, start_run_folder
 
 log = logging.getLogger(__name__)
@@ -141,39 +141,33 @@ def train(
     cfg: Config,
     chips: str | Path,
     out: str | Path,
-    fold: int | None = None,
+    split: ChipSplit | None = None,
     init: str | Path | None = None,
     resume: bool = False,
     progress: bool = True,
-    holdout: int | None = None,
-    ids: tuple[list[str], list[str]] | None = None,
 ) -> dict[str, Any]:
     """Train a model on a chip store and write the run folder ``out``.
 
     Args:
         cfg: the resolved config (saved as ``out/config.yaml``).
-        chips: chip store folder (manifest.csv; splits.csv when ``fold`` is given).
+        chips: chip store folder (manifest.csv; splits.csv when a fold is given).
         out: run folder.
-        fold: hold out this fold of splits.csv for validation; None trains on every labelled chip
+        split: which chips train and which validate (:class:`ChipSplit`: a validation ``fold``,
+            a ``holdout`` fold, or the caller's chip ids); None trains on every labelled chip
             without validation (the last epoch's weights become ``best.safetensors``).
-        holdout: a fold of splits.csv never used, neither for training nor for validation: the
-            test tiles of a model whose figures must not be tuned on (``evaluate --fold``).
         init: start from the weights of a run folder or .safetensors file (fine-tuning).
         resume: continue from ``out``'s last checkpoint exactly (same config, optimiser, RNG).
         progress: show a progress bar and log one line per epoch.
-        ids: ``(train_ids, val_ids)`` chip ids chosen by the caller instead of ``fold`` and
-            ``holdout`` (e.g. the other events of a leave-one-event-out comparison); an empty
-            ``val_ids`` trains without validation.
 
     Returns:
         The run summary (also written to ``out/summary.json``).
     """
-    out = Path(out)
+    out, split = Path(out), split or ChipSplit()
     device, dist_info = start_device(cfg)
     is_main = dist_info.is_main
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
-    train_ids, val_ids = split_chip_ids(chips, fold, holdout, ids)
+    train_ids, val_ids = split_chip_ids(chips, split)
     loaders = build_loaders(cfg, chips, train_ids, val_ids, dist_info, device)
     learner = build_learner(cfg, loaders.train.dataset.labels, device, dist_info, init)
     model = learner.model
@@ -212,7 +206,7 @@ def train(
                 log.info(f"early stop: no better validation macro-F1 for {standing.stale} epochs")
             break
 
-    summary = run_summary(cfg, chips, loaders, learner, standing, fold, holdout)
+    summary = run_summary(cfg, chips, loaders, learner, standing, split)
     if dist_info.enabled:  # replicas must hold identical weights; record the evidence
         summary["replica_checksums"] = replica_checksums(model, dist_info)
     if is_main:
@@ -229,8 +223,7 @@ def run_summary(
     loaders: Loaders,
     learner: Learner,
     standing: Standing,
-    fold: int | None,
-    holdout: int | None,
+    split: ChipSplit,
 ) -> dict[str, Any]:
     """The summary.json of a run: data, best epoch, class weights, config and devices."""
     train_set = loaders.train.dataset
@@ -242,8 +235,8 @@ def run_summary(
         "train_tiles": sorted(set(train_set.frame["tile"].astype(str))),
         "best_epoch": standing.best_epoch,
         "best_val_macro_f1": standing.best_score if loaders.val is not None else None,
-        "fold": fold,
-        "holdout": holdout,
+        "fold": split.fold,
+        "holdout": split.holdout,
         "train_chips": len(train_set),
         "val_chips": len(loaders.val.dataset) if loaders.val else 0,
         "class_weights": learner.class_weights.tolist(),

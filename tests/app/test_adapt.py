@@ -180,7 +180,7 @@ def test_classes_without_labels_are_discounted_by_the_labels_evidence(base, stor
 def test_a_class_the_base_model_never_expects_keeps_its_probability():
     """Head arithmetic: labels on buildings where the base model gives class 2 almost nothing
     leave p(2) as it was elsewhere (rho near 1); labels on buildings it called 2 shrink it."""
-    from app.adapt.fit import adapt_head
+    from app.adapt.fit import BaseModel, adapt_head
     from runtime.head import log_softmax
 
     rng = np.random.default_rng(3)
@@ -188,10 +188,10 @@ def test_a_class_the_base_model_never_expects_keeps_its_probability():
     y = rng.choice([0, 1, 3], size=40)
     raw = rng.normal(size=(40, 4))
     raw[:, 2] -= 20.0  # the base model never says 2 on these
-    quiet = adapt_head(raw, z, y, 4, methods=("logistic",)).head
+    quiet = adapt_head(raw, z, y, BaseModel(4), methods=("logistic",)).head
     assert quiet.discount[2] == pytest.approx(1.0, abs=1e-6)
     raw[:, 2] += 40.0  # now it says 2 on every one of them, and every label disagrees
-    loud = adapt_head(raw, z, y, 4, methods=("logistic",)).head
+    loud = adapt_head(raw, z, y, BaseModel(4), methods=("logistic",)).head
     assert loud.discount[2] == pytest.approx(1.0 / 41.0, rel=1e-3)
     region = rng.normal(size=(50, 4))
     region[:, 2] += 4.0
@@ -206,14 +206,14 @@ def test_a_class_the_base_model_never_expects_keeps_its_probability():
 def test_an_unlabelled_class_region_keeps_its_grade():
     """Pure head arithmetic on inputs where the base model says class 2 with p > 0.5: the
     adapted argmax stays 2 and p(2) is unchanged, whatever the head does to classes 0, 1, 3."""
-    from app.adapt.fit import adapt_head
+    from app.adapt.fit import BaseModel, adapt_head
     from runtime.head import log_softmax
 
     rng = np.random.default_rng(0)
     z = rng.normal(size=(60, 8))
     y = rng.choice([0, 1, 3], size=60)
     raw = rng.normal(size=(60, 4))
-    ad = adapt_head(raw, z, y, 4, base_temperature=0.7, methods=("logistic",), unlabelled="keep")
+    ad = adapt_head(raw, z, y, BaseModel(4, 0.7), methods=("logistic",), unlabelled="keep")
     assert ad.head.classes == [0, 1, 3]
     region = rng.normal(size=(200, 4))
     region[:, 2] += 4.0
@@ -226,23 +226,23 @@ def test_an_unlabelled_class_region_keeps_its_grade():
 
 
 def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
-    from app.adapt.fit import AdaptError, adapt_head
+    from app.adapt.fit import AdaptError, BaseModel, adapt_head
 
     raw = np.zeros((5, 4))
     with pytest.raises(AdaptError, match="at least two classes"):
-        adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4, unlabelled="keep")
+        adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), BaseModel(4), unlabelled="keep")
     with pytest.raises(AdaptError, match="at least two labels"):
-        adapt_head(raw[:1], np.ones((1, 3)), np.zeros(1, int), 4)
+        adapt_head(raw[:1], np.ones((1, 3)), np.zeros(1, int), BaseModel(4))
     with pytest.raises(AdaptError, match="unknown rule 'drop'.*discount, keep"):
-        adapt_head(raw, np.ones((5, 3)), np.arange(5) % 2, 4, unlabelled="drop")
+        adapt_head(raw, np.ones((5, 3)), np.arange(5) % 2, BaseModel(4), unlabelled="drop")
     # the base model already calls all 5 no-damage: no evidence against any class, base kept
-    one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4)
+    one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), BaseModel(4))
     assert one.head.method == "base" and set(one.cv["candidates"]) == {"base"}
     np.testing.assert_allclose(one.head.discount, 1.0)
     # it calls all 5 minor damage, and each is no-damage: minor damage discounted, by the
     # cross-validation's choice (leave-one-out: 4 wrong calls in every fold)
     raw[:, 1] = 2.0
-    one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), 4)
+    one = adapt_head(raw, np.ones((5, 3)), np.zeros(5, int), BaseModel(4))
     assert one.head.method == "base+discount", one.cv["candidates"]
     assert set(one.cv["candidates"]) == {"base", "base+discount"}
     p1 = np.exp(2.0) / (np.exp(2.0) + 3)
@@ -256,14 +256,14 @@ def test_single_class_labels_are_refused_when_kept_and_discount_otherwise():
 def test_a_thousand_labels_use_stratified_k_fold():
     """1,000 labels of 128-d embeddings: stratified 5-fold of every head, then the final fit
     (the fit time is printed by the command and measured in docs/adapt.md, not asserted)."""
-    from app.adapt.fit import adapt_head
+    from app.adapt.fit import BaseModel, adapt_head
     from runtime.head import unit
 
     rng = np.random.default_rng(1)
     y = rng.integers(0, 4, 1000)
     z = unit(np.eye(4, 128)[y] + 0.2 * rng.normal(size=(1000, 128)))
     raw = rng.normal(size=(1000, 4))
-    ad = adapt_head(raw, z, y, 4)
+    ad = adapt_head(raw, z, y, BaseModel(4))
     assert ad.cv["scheme"].startswith("stratified")
     assert ad.cv["candidates"][ad.head.method]["accuracy"] > 0.9
 
@@ -288,7 +288,7 @@ def test_labels_that_add_nothing_keep_the_base_model(n, seed):
     """Labels drawn from the base model's own probabilities, embeddings of pure noise: no head
     can know more than the base model, and ``base`` is chosen (measured: the next best head's
     cross-validated NLL is 0.29-1.3 nats higher on these draws)."""
-    from app.adapt.fit import adapt_head
+    from app.adapt.fit import BaseModel, adapt_head
     from runtime.head import unit
 
     rng = np.random.default_rng(100 + seed)
@@ -296,7 +296,7 @@ def test_labels_that_add_nothing_keep_the_base_model(n, seed):
     z = unit(rng.normal(size=(n, 16)))
     y = _labels_from_the_base(raw, 1.5, seed)
     assert len(set(y.tolist())) >= 2
-    ad = adapt_head(raw, z, y, 4, base_temperature=1.5)
+    ad = adapt_head(raw, z, y, BaseModel(4, 1.5))
     assert ad.head.method == "base", ad.cv["candidates"]
     candidates = ad.cv["candidates"]
     assert set(candidates) == {"base", "prototype", "logistic", "logistic+prior"}
@@ -308,7 +308,7 @@ def test_labels_that_add_nothing_and_miss_a_class_keep_the_base_model(unlabelled
     """The same with a class (2) the base model almost never says, so no label has it: ``base``
     is chosen, and its probabilities are the base model's, class 2 kept exactly under either rule
     (the base model hardly ever calls it, so the labels are no evidence against it)."""
-    from app.adapt.fit import UNLABELLED_MIN_EVIDENCE, adapt_head
+    from app.adapt.fit import UNLABELLED_MIN_EVIDENCE, BaseModel, adapt_head
     from runtime.head import log_softmax, unit
 
     rng = np.random.default_rng(7)
@@ -317,7 +317,7 @@ def test_labels_that_add_nothing_and_miss_a_class_keep_the_base_model(unlabelled
     z = unit(rng.normal(size=(60, 16)))
     y = _labels_from_the_base(raw, 1.5, 7)
     assert 2 not in y and len(set(y.tolist())) == 3
-    ad = adapt_head(raw, z, y, 4, base_temperature=1.5, unlabelled=unlabelled)
+    ad = adapt_head(raw, z, y, BaseModel(4, 1.5), unlabelled=unlabelled)
     assert ad.head.method == "base", ad.cv["candidates"]
     assert ad.head.classes == [0, 1, 3]
     base_p = np.exp(log_softmax(raw / 1.5))

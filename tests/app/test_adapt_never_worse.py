@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.adapt.fit import METHODS, adapt_head
+from app.adapt.fit import METHODS, BaseModel, adapt_head
 from app.adapt.model import format_adaptation
 from runtime.head import unit
 
@@ -50,7 +50,7 @@ def test_a_class_missing_from_the_labels_is_not_discounted_without_evidence(seed
     raw, z, y, held, held_z, held_y = _scene(seed)
     base_pred = held.argmax(1)
     assert _macro_f1(held_y, base_pred) == 1.0
-    ad = adapt_head(raw, z, y, 4)
+    ad = adapt_head(raw, z, y, BaseModel(4))
     pred = ad.head.log_probabilities(held, held_z).argmax(1)
     assert _macro_f1(held_y, pred) >= _macro_f1(held_y, base_pred) - 0.01, ad.cv["candidates"]
     assert (pred[held_y == 2] == 2).all()
@@ -69,7 +69,7 @@ def test_a_class_the_labels_speak_against_is_discounted_when_it_helps():
     held_y = np.repeat([0, 3], [60, 40])
     held = np.vstack([_logits(harsh[int(c)], 1) for c in held_y]) + rng.normal(0, 0.05, (100, 4))
     z, held_z = unit(rng.normal(size=(20, 16))), unit(rng.normal(size=(100, 16)))
-    ad = adapt_head(raw, z, y, 4)
+    ad = adapt_head(raw, z, y, BaseModel(4))
     assert ad.head.method.endswith("+discount"), ad.cv["candidates"]
     assert ad.cv["candidates"][ad.head.method]["clear"]
     assert ad.head.discount[2] < 0.2 and ad.head.discount[1] == 1.0  # 1: never called
@@ -85,7 +85,7 @@ def test_the_base_model_is_always_a_candidate_and_wins_near_ties():
     y = np.repeat([0, 3], [15, 15])
     raw = np.where(np.eye(4)[y] > 0, 1.0, 0.0) + rng.normal(0, 0.5, (30, 4))
     z = unit(rng.normal(size=(30, 8)))
-    ad = adapt_head(raw, z, y, 4, methods=("logistic",))
+    ad = adapt_head(raw, z, y, BaseModel(4), methods=("logistic",))
     assert "base" in ad.cv["candidates"] and "logistic" in ad.cv["candidates"]
     for name, m in ad.cv["candidates"].items():
         assert {"gain", "gain_se", "clear"} <= set(m), name
@@ -99,7 +99,7 @@ def test_the_candidates_are_every_head_kept_and_discounted():
     y = rng.choice([0, 3], 30)
     raw = rng.normal(0, 0.3, (30, 4))
     raw[:, 1] += 2.0  # the base model calls minor damage on all of them
-    ad = adapt_head(raw, unit(rng.normal(size=(30, 8))), y, 4)
+    ad = adapt_head(raw, unit(rng.normal(size=(30, 8))), y, BaseModel(4))
     expected = {*METHODS, *(m + "+discount" for m in METHODS)}
     assert set(ad.cv["candidates"]) == expected
 
@@ -133,14 +133,14 @@ def test_a_few_labels_of_one_grade_do_not_let_a_logistic_head_call_everything_th
     base_f1 = _macro_f1(ye, re.argmax(1))
 
     monkeypatch.setattr(fit, "LOGISTIC_MIN_LABELS", 0)
-    tripped = adapt_head(raw, z, y, 4)
+    tripped = adapt_head(raw, z, y, BaseModel(4))
     pred = tripped.head.log_probabilities(re, ze).argmax(1)
     assert tripped.head.method.startswith("logistic")
     assert np.mean(pred == 1) > 0.5 and _macro_f1(ye, pred) < base_f1 - 0.1
 
     monkeypatch.undo()
     assert len(y) < fit.LOGISTIC_MIN_LABELS
-    ad = adapt_head(raw, z, y, 4)
+    ad = adapt_head(raw, z, y, BaseModel(4))
     assert not any(n.startswith("logistic") for n in ad.cv["candidates"])
     # the analyst is told which heads were left out, and why
     assert set(ad.cv["not_tried"]) == {"logistic", "logistic+prior"}

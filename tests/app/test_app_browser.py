@@ -79,6 +79,7 @@ def bench_model(tmp_path_factory) -> Path:
     from local_damage.export.model import export_run
     from local_damage.export.options import ExportOptions
     from local_damage.train.config import Config
+    from local_damage.train.loaders import ChipSplit
     from local_damage.train.loop import train
 
     root = tmp_path_factory.mktemp("bench_model")
@@ -91,7 +92,8 @@ def bench_model(tmp_path_factory) -> Path:
         "train.batch_size=8",
         "data.input_size=128",
     ]
-    train(load_yaml(Config, None, overrides), root / "chips", root / "run", fold=0, progress=False)
+    split = ChipSplit(fold=0)
+    train(load_yaml(Config, None, overrides), root / "chips", root / "run", split, progress=False)
     out = root / "models" / "resnet18-128.onnx"
     export_run(root / "run", out, ExportOptions(parity_limit=16, change_map=True))
     export_run(
@@ -131,11 +133,14 @@ def serve_app(model, work_dir):
     """The app serving ``model`` (and the models beside it) on a free local port; yields its URL
     and stops it after."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from app.web.app import launch
+    from app.web.app import ServeOptions, launch
 
     port = _free_port()
     demo = launch(
-        models_dir=model.parent, model=str(model), port=port, work_dir=work_dir, block=False
+        models_dir=model.parent,
+        model=str(model),
+        work_dir=work_dir,
+        serve=ServeOptions(port=port, block=False),
     )
     try:
         yield f"http://127.0.0.1:{port}/"

@@ -52,7 +52,7 @@ def _free_port() -> int:
 def campaign(score_model, synthetic_xbd, tmp_path_factory):
     """The app with a users file of two analysts, serving on a free port: (url, work folder)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from app.web.app import launch
+    from app.web.app import ServeOptions, launch
     from app.web.users import Users, add_user
 
     root = tmp_path_factory.mktemp("campaign")
@@ -62,8 +62,8 @@ def campaign(score_model, synthetic_xbd, tmp_path_factory):
     port = _free_port()
     work = root / "work"
     demo = launch(
-        models_dir=score_model.parent, model=str(score_model), port=port, work_dir=work,
-        block=False, auth=Users(users),
+        models_dir=score_model.parent, model=str(score_model), work_dir=work,
+        serve=ServeOptions(port=port, block=False, auth=Users(users)),
     )  # fmt: skip
     try:
         yield f"http://127.0.0.1:{port}/", work

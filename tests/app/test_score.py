@@ -290,7 +290,7 @@ def test_xbd_labels_mode(tmp_path, synthetic_xbd, score_model, predictor):
 
     from app.scoring.common import probability_columns
     from data_prep.store import ChipReader, read_manifest
-    from data_prep.xbd import prepare_xbd
+    from data_prep.xbd import XbdOptions, prepare_xbd
 
     pre, post, labels = _xbd_tile(synthetic_xbd)
     out = tmp_path / "tile.geojson"
@@ -336,7 +336,9 @@ def test_xbd_labels_mode(tmp_path, synthetic_xbd, score_model, predictor):
     assert row.geometry.normalize().equals_exact(ref.normalize(), 1e-7)
 
     # the chips graded are those `prepare xbd` cuts with the same spec
-    prepare_xbd([synthetic_xbd], tmp_path / "chips", spec=predictor.spec, include_unclassified=True)
+    prepare_xbd(
+        [synthetic_xbd], tmp_path / "chips", predictor.spec, XbdOptions(include_unclassified=True)
+    )
     manifest = read_manifest(tmp_path / "chips")
     manifest = manifest[manifest["tile"] == "synthetic-flood_00000000"]
     reader = ChipReader(tmp_path / "chips")
@@ -523,6 +525,7 @@ def test_failed_scene_leaves_no_outputs(tmp_path, synthetic_scene, predictor, mo
     import app.scoring.outputs
     from app.scoring.common import ScoreOptions
     from app.scoring.scene import score_scene
+    from app.scoring.writer import OutputPaths
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -535,9 +538,7 @@ def test_failed_scene_leaves_no_outputs(tmp_path, synthetic_scene, predictor, mo
             s.pre,
             s.post,
             s.buildings,
-            tmp_path / "o.geojson",
-            raster=tmp_path / "o.tif",
-            overlay=tmp_path / "o.png",
+            OutputPaths(tmp_path / "o.geojson", tmp_path / "o.tif", tmp_path / "o.png"),
             options=ScoreOptions(progress=False),
         )
     assert list(tmp_path.iterdir()) == []

@@ -55,17 +55,12 @@ def _check_rows(rows, encoder, input_size, pairs, runtimes):
 
 @pytest.mark.slow
 def test_bench_infer_random_models_table(capsys):
-    from bench.infer import bench_infer, format_table
+    from bench.infer import InferBenchOptions, bench_infer, format_table
 
-    figures = bench_infer(
-        encoders=["resnet18"],
-        input_size=32,
-        batch_size=4,
-        pairs=8,
-        calibration=8,
-        repeat=1,
-        threads=[1, None],
+    options = InferBenchOptions(
+        input_size=32, batch_size=4, pairs=8, calibration=8, repeat=1, threads=(1, None)
     )
+    figures = bench_infer(encoders=["resnet18"], options=options)
     printed = capsys.readouterr().out
     rows = figures["rows"]
     _check_rows(

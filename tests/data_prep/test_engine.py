@@ -234,8 +234,9 @@ def test_a_worker_killed_mid_batch_changes_nothing(
     what one process writes; nothing half-written is left."""
     from distributed import Client
 
-    from app.scoring.batch import read_scene_list, score_batch
+    from app.scoring.batch import BatchPlan, read_scene_list, score_batch
     from app.scoring.common import ScoreOptions
+    from data_prep.engine import Engine
     from runtime.predictor import Predictor
 
     folder = scene_folders(tmp_path / "scenes", synthetic_scene, 36)
@@ -252,9 +253,9 @@ def test_a_worker_killed_mid_batch_changes_nothing(
                 predictor,
                 jobs,
                 out,
-                raster=True,
+                BatchPlan(raster=True),
                 options=ScoreOptions(progress=False),
-                client=client,
+                engine=Engine(client=client),
             )
 
         thread = threading.Thread(target=run)
@@ -286,20 +287,22 @@ def test_a_worker_killed_mid_preparation_changes_nothing(tmp_path, scheduler):
     store is byte for byte the one a single process writes, with no temporary left."""
     from distributed import Client
 
+    from data_prep.engine import Engine
     from data_prep.spec import ChipSpec
     from data_prep.synthetic import make_xbd
     from data_prep.xbd import prepare_xbd
 
     root = make_xbd(tmp_path / "xbd", seed=3, n_tiles=24, size=512)
     spec = ChipSpec(chip_size=64, min_size=32)
-    prepare_xbd(root, tmp_path / "one", spec=spec, workers=1, progress=False)
+    prepare_xbd(root, tmp_path / "one", spec=spec, engine=Engine(workers=1), progress=False)
     out = tmp_path / "killed"
     with Client(scheduler, timeout=30) as client:
         pids = client.run(os.getpid)
         result: dict = {}
 
         def run() -> None:
-            result["report"] = prepare_xbd(root, out, spec=spec, progress=False, client=client)
+            engine = Engine(client=client)
+            result["report"] = prepare_xbd(root, out, spec=spec, engine=engine, progress=False)
 
         thread = threading.Thread(target=run)
         thread.start()
@@ -367,13 +370,15 @@ def test_a_client_killed_mid_batch_resumes(
 # --- prepare scene: one job per part of the scene ---------------------------------------------
 
 
-def prepare_small_parts(s, out, **kwargs):
-    """`prepare scene` on the synthetic scene in parts of about 6 buildings, 4 chips a shard."""
-    from data_prep.scene_store import prepare_scene
+def prepare_small_parts(s, out, **engine):
+    """`prepare scene` on the synthetic scene in parts of about 6 buildings, 4 chips a shard;
+    ``engine``: the :class:`data_prep.engine.Engine` settings."""
+    from data_prep.engine import Engine
+    from data_prep.scene_store import SceneOptions, prepare_scene
 
-    return prepare_scene(s.pre, s.post, s.buildings, out, label_field=s.label_field,
-                         block_size=128, part_size=6, shard_size=4, progress=False,
-                         **kwargs)  # fmt: skip
+    options = SceneOptions(label_field=s.label_field, block_size=128, part_size=6, shard_size=4)
+    return prepare_scene(s.pre, s.post, s.buildings, out, options=options,
+                         engine=Engine(**engine), progress=False)  # fmt: skip
 
 
 def scene_store_bytes(store: Path) -> dict[str, bytes]:
@@ -388,7 +393,7 @@ def test_prepare_scene_in_process_embedded_and_remote_build_the_same_store(
     """The parts of a scene cut in this process, on two embedded workers and on the two workers
     of an existing scheduler give the same store byte for byte, with the same chips as one
     part holding the whole scene."""
-    from data_prep.scene_store import prepare_scene
+    from data_prep.scene_store import SceneOptions, prepare_scene
     from data_prep.store import ChipReader, read_manifest
 
     s = synthetic_scene
@@ -408,8 +413,10 @@ def test_prepare_scene_in_process_embedded_and_remote_build_the_same_store(
         assert not report.skipped
 
     # the parts change where the chips are stored, not the chips (the same reads, in one part)
-    prepare_scene(s.pre, s.post, s.buildings, tmp_path / "whole", label_field=s.label_field,
-                  block_size=128, part_size=10**6, progress=False)  # fmt: skip
+    whole_scene = SceneOptions(label_field=s.label_field, block_size=128, part_size=10**6)
+    prepare_scene(
+        s.pre, s.post, s.buildings, tmp_path / "whole", options=whole_scene, progress=False
+    )
     whole, parted = read_manifest(tmp_path / "whole"), read_manifest(tmp_path / "one")
     assert list(whole["chip_id"]) == list(parted["chip_id"])
     a, b = ChipReader(tmp_path / "whole"), ChipReader(tmp_path / "one")

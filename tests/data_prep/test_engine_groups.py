@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data_prep.engine import JobFailed, group_jobs, map_jobs, open_client, task_count
+from data_prep.engine import Bar, JobFailed, group_jobs, map_jobs, open_client, task_count
 
 
 def _square_or_fail(x: int) -> int:
@@ -64,7 +64,7 @@ def test_grouped_tasks_give_results_in_order_and_a_bad_job_fails_alone():
             tasks=3,
             costs=list(range(12)),
             on_result=lambda i, r: seen.append(i),
-            progress=False,
+            bar=Bar(show=False),
         )
     assert sorted(seen) == list(range(12))
     assert isinstance(results[7], JobFailed) and "seven is refused" in results[7].error

@@ -20,7 +20,7 @@ import pytest
 
 from data_prep import quality
 from data_prep.mosaic import SceneError
-from data_prep.scene_store import prepare_scene
+from data_prep.scene_store import SceneOptions, prepare_scene
 from data_prep.store import MANIFEST, SHARDS, read_manifest
 from data_prep.xbd import prepare_xbd
 from tests.conftest import REPO
@@ -409,9 +409,8 @@ def test_all_zero_pre_imagery_is_blank_not_graded(synthetic_scene, tmp_path, pre
     s = synthetic_scene
     zeros = zero_copies(s.pre, tmp_path / "zeros")
     out = tmp_path / "chips"
-    report = prepare_scene(
-        zeros, s.post, s.buildings, out, label_field=s.label_field, progress=False
-    )
+    options = SceneOptions(label_field=s.label_field)
+    report = prepare_scene(zeros, s.post, s.buildings, out, options=options, progress=False)
     assert report.chips == 0 and report.exit_code() == 1
     blank = [x for x in report.skipped if x.reason.startswith("blank imagery (the pre chip")]
     assert len(blank) == s.covered
@@ -478,9 +477,11 @@ def test_read_window_over_the_limit_skips_the_building(synthetic_scene, tmp_path
         s.buildings,
         out,
         spec=ChipSpec(chip_size=32, min_size=128),  # windows of 128 px at least
-        label_field=s.label_field,
+        options=SceneOptions(
+            label_field=s.label_field,
+            max_pixels=64 * 64,  # above the tiles' internal blocks, below any window
+        ),
         progress=False,
-        max_pixels=64 * 64,  # above the tiles' internal blocks, below any window
     )
     assert report.chips == 0
     reasons = {x.reason for x in report.skipped}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from data_prep.footprint_cover import footprint_valid
-from data_prep.scene import iter_building_chips
-from data_prep.scene_store import prepare_scene
+from data_prep.scene import iter_building_chips, plan_reads
+from data_prep.scene_store import SceneOptions, prepare_scene
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import MANIFEST, ChipReader, read_manifest, read_meta
 from data_prep.windows import chip_window
@@ -68,7 +68,7 @@ def scene_store(synthetic_scene, tmp_path_factory):
         synthetic_scene.post,
         synthetic_scene.buildings,
         out,
-        label_field=synthetic_scene.label_field,
+        options=SceneOptions(label_field=synthetic_scene.label_field),
         progress=False,
     )
     return out, report
@@ -81,7 +81,7 @@ def run(tmp_path, scene, *, pre=None, post=None, buildings=None, label_field="da
         list(post if post is not None else scene.post),
         buildings if buildings is not None else scene.buildings,
         out,
-        label_field=label_field,
+        options=SceneOptions(label_field=label_field),
         progress=False,
     )
     return out, report
@@ -230,7 +230,13 @@ def test_small_blocks_give_the_same_chips_and_never_read_the_whole_scene(synthet
         )
         reference = {
             b.uid: (b.pre, b.post)
-            for b in iter_building_chips(scene, footprints, ChipSpec(), progress=False, margin=0)
+            for b in iter_building_chips(
+                scene,
+                footprints,
+                ChipSpec(),
+                progress=False,
+                plan=plan_reads(scene, footprints, ChipSpec(), margin=0),
+            )
             if b.status == "chip"
         }
         sizes = []
@@ -244,7 +250,11 @@ def test_small_blocks_give_the_same_chips_and_never_read_the_whole_scene(synthet
         chips = [
             b
             for b in iter_building_chips(
-                scene, footprints, ChipSpec(), block_size=64, progress=False, margin=0
+                scene,
+                footprints,
+                ChipSpec(),
+                progress=False,
+                plan=plan_reads(scene, footprints, ChipSpec(), 64, margin=0),
             )
             if b.status == "chip"
         ]

@@ -12,16 +12,18 @@ import pytest
 import shapely
 
 from cli.main import main
+from data_prep.engine import Engine
 from data_prep.imagery import read_rgb
 from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import ChipReader, read_manifest, read_meta
 from data_prep.synthetic import make_bad_xbd, make_xbd
 from data_prep.windows import ChipWindow, crop_boundless, resize_chip
-from data_prep.xbd import prepare_xbd
+from data_prep.xbd import XbdOptions, prepare_xbd
 from data_prep.xbd_tiles import XbdRootError, find_tiles
 from tests.conftest import shared_data
 
 SPEC = ChipSpec(chip_size=64, context=2.0, min_size=48)
+RESUME = XbdOptions(resume=True)
 
 
 def _valid_wkt(wkt) -> bool:
@@ -52,7 +54,7 @@ def expected_counts(root: Path) -> Counter:
 @pytest.fixture(scope="module")
 def store(synthetic_xbd, tmp_path_factory):
     out = tmp_path_factory.mktemp("chips") / "store"
-    report = prepare_xbd(synthetic_xbd, out, spec=SPEC, workers=1)
+    report = prepare_xbd(synthetic_xbd, out, spec=SPEC, engine=Engine(workers=1))
     return out, report
 
 
@@ -103,7 +105,7 @@ def test_manifest_rows_ids_order_and_geography(synthetic_xbd, store):
 
 
 def test_unclassified_kept_as_unlabelled(synthetic_xbd, tmp_path):
-    report = prepare_xbd(synthetic_xbd, tmp_path / "c", spec=SPEC, include_unclassified=True)
+    report = prepare_xbd(synthetic_xbd, tmp_path / "c", SPEC, XbdOptions(include_unclassified=True))
     df = read_manifest(tmp_path / "c")
     unclassified = sum(
         f["properties"]["subtype"] == "un-classified" for _, f in label_features(synthetic_xbd)
@@ -165,7 +167,7 @@ def test_no_damage_identical_destroyed_differs(store):
 def test_two_workers_byte_identical(synthetic_xbd, store, tmp_path):
     out1, _ = store
     out2 = tmp_path / "w2"
-    prepare_xbd(synthetic_xbd, out2, spec=SPEC, workers=2)
+    prepare_xbd(synthetic_xbd, out2, spec=SPEC, engine=Engine(workers=2))
     files1 = sorted(p.relative_to(out1) for p in out1.rglob("*") if p.is_file())
     files2 = sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file())
     assert files1 == files2 and len(files1) >= 3
@@ -294,7 +296,7 @@ def test_generator_is_seeded(tmp_path):
 @pytest.mark.realdata
 def test_xbd_sample_counts_match_labels(tmp_path):
     root = shared_data("xbd_sample")
-    report = prepare_xbd(root, tmp_path / "chips", workers=2)
+    report = prepare_xbd(root, tmp_path / "chips", engine=Engine(workers=2))
     df = read_manifest(tmp_path / "chips")
     assert Counter(df["label_name"]) == expected_counts(root)
     assert report.skipped == []
@@ -339,10 +341,10 @@ def test_resume_cuts_only_the_unfinished_tiles_and_gives_the_same_store(
     import data_prep.xbd as xbd
 
     root = make_xbd(tmp_path / "xbd", seed=5, n_tiles=6, size=256)
-    prepare_xbd(root, tmp_path / "ref", spec=SPEC, workers=1, progress=False)
+    prepare_xbd(root, tmp_path / "ref", spec=SPEC, engine=Engine(workers=1), progress=False)
     reference = store_files(tmp_path / "ref")
     out = tmp_path / "out"
-    prepare_xbd(root, out, spec=SPEC, workers=1, progress=False)
+    prepare_xbd(root, out, spec=SPEC, engine=Engine(workers=1), progress=False)
     shards = out / "shards"
     tiles = sorted(set(read_manifest(out)["tile"]))
     assert len(tiles) >= 4 and len(list(shards.glob("*.rows.json"))) == 6
@@ -393,11 +395,11 @@ def test_resume_with_other_options_is_refused(tmp_path, capsys):
 
     root = make_xbd(tmp_path / "xbd", seed=6, n_tiles=3, size=256)
     out = tmp_path / "out"
-    prepare_xbd(root, out, spec=SPEC, workers=1, progress=False)
+    prepare_xbd(root, out, spec=SPEC, engine=Engine(workers=1), progress=False)
     before = store_files(out)
     other = ChipSpec(chip_size=32, context=SPEC.context, min_size=SPEC.min_size)
     with pytest.raises(ResumeError, match="other options: spec"):
-        prepare_xbd(root, out, spec=other, workers=1, progress=False, resume=True)
+        prepare_xbd(root, out, other, RESUME, engine=Engine(workers=1), progress=False)
     assert store_files(out) == before  # nothing touched
     rc = main(["prepare", "xbd", "--root", str(root), "--out", str(out), "--workers", "1",
                "--resume"])  # fmt: skip
@@ -408,8 +410,8 @@ def test_resume_with_other_options_is_refused(tmp_path, capsys):
     (out / "store.json").unlink()
     (out / "manifest.csv").unlink()
     with pytest.raises(ResumeError, match="include_unclassified"):
-        prepare_xbd(root, out, spec=SPEC, workers=1, progress=False, resume=True,
-                    include_unclassified=True)  # fmt: skip
+        options = XbdOptions(include_unclassified=True, resume=True)
+        prepare_xbd(root, out, SPEC, options, engine=Engine(workers=1), progress=False)
     # the same options resume
-    report = prepare_xbd(root, out, spec=SPEC, workers=1, progress=False, resume=True)
+    report = prepare_xbd(root, out, SPEC, RESUME, engine=Engine(workers=1), progress=False)
     assert report.reused == 3 and read_manifest(out).shape[0] == report.chips > 0

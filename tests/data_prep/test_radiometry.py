@@ -17,7 +17,7 @@ import pytest
 
 from data_prep import radiometry
 from data_prep.imagery import read_rgb, read_rgb_pair, to_uint8_rgb
-from data_prep.scene_store import prepare_scene
+from data_prep.scene_store import SceneOptions, prepare_scene
 from data_prep.store import ChipReader, read_manifest, read_meta
 from data_prep.xbd import prepare_xbd
 from tests.conftest import REPO, shared_data
@@ -183,7 +183,8 @@ def test_prepare_and_score_scene_are_the_same_on_copies(
     runs = {}
     for name, (p, q) in {"u8": (s.pre, s.post), kind: (pre, post)}.items():
         out = tmp_path / f"chips_{name}"
-        report = prepare_scene(p, q, s.buildings, out, label_field=s.label_field, progress=False)
+        options = SceneOptions(label_field=s.label_field)
+        report = prepare_scene(p, q, s.buildings, out, options=options, progress=False)
         assert report.chips == s.covered and report.skipped == []
         scored = score_scene(
             default_predictor,

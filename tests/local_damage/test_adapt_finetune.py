@@ -249,13 +249,13 @@ def test_the_block_has_its_own_rate(base, store):
     )
 
     net, config = load_network(base.with_suffix(".safetensors"))
-    trunk, top, params = split_network(net, 1)
+    trunk, _, _ = split_network(net, 1)
     before = {n: p.detach().clone() for n, p in net.named_parameters() if p.requires_grad}
     size = input_size(config, store.pre.shape[1])
     pre, post = prepare_chips(store.pre[:16], size), prepare_chips(store.post[:16], size)
     feats = trunk_features(trunk, pre, post)
-    options = FinetuneOptions(probe_epochs=0, cosine=False, encoder_lr=0.0)
-    train_top(net, top, params, feats, store.labels[:16], 1, options, 0)
+    options = FinetuneOptions(blocks=1, probe_epochs=0, cosine=False, encoder_lr=0.0)
+    train_top(net, feats, store.labels[:16], 1, options, 0)
     moved = {n for n, p in net.named_parameters() if n in before and not torch.equal(p, before[n])}
     assert moved and all(n.startswith("classifier") for n in moved)  # rate 0: the block stays
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from cli.main import main
-from local_damage.metrics import (
+from runtime.calibration import CalibrationError, fit_temperature, scaled_nll
+from runtime.metrics import (
     brier_score,
     calibration_metrics,
     ece_sampling_floor,
@@ -21,7 +22,6 @@ from local_damage.metrics import (
     negative_log_likelihood,
     reliability_bins,
 )
-from runtime.calibration import CalibrationError, fit_temperature, scaled_nll
 from tests.conftest import REPO
 
 #: Four predictions, each alone in its 15-bin confidence bin (0.9 -> bin 13, 0.62 -> 9,
@@ -248,15 +248,14 @@ def test_calibrate_on_given_chips_equals_the_fold_they_make_up(
     """Chips given by id (a validation slice) fit what the same chips as a fold fit; the stored
     block names the selection; the prototypes can come from given chips too."""
     from data_prep.split import fold_indices
-    from local_damage.evaluation.calibrate import calibrate_model
-    from local_damage.evaluation.chips import select_chips
+    from runtime.evaluation.calibrate import CalibrationOptions, calibrate_model
+    from runtime.evaluation.chips import select_chips
 
     ids = select_chips(chips, 0)[0]
     assert set(ids) <= set(fold_indices(chips, 0)[1])
     out = tmp_path / "given.onnx"
-    got = calibrate_model(
-        score_model, chips, out, chip_ids=ids, selection="validation slice", prototype_ids=ids
-    )
+    given = CalibrationOptions(chip_ids=ids, selection="validation slice", prototype_ids=ids)
+    got = calibrate_model(score_model, chips, out, given)
     fold_block = _props(calibrated)["calibration"]
     block = got["calibration"]
     assert block["temperature"] == pytest.approx(fold_block["temperature"], rel=1e-6)
@@ -266,11 +265,11 @@ def test_calibrate_on_given_chips_equals_the_fold_they_make_up(
     assert ood["prototypes_from"]["selection"] == f"{len(ids)} given chips of {chips}"
     assert _props(out)["ood"]["threshold"] == ood["threshold"]
     with pytest.raises(ValueError, match="fold or calibration chips, not both"):
-        calibrate_model(score_model, chips, tmp_path / "x.onnx", fold=0, chip_ids=ids)
+        both = CalibrationOptions(fold=0, chip_ids=ids)
+        calibrate_model(score_model, chips, tmp_path / "x.onnx", both)
     with pytest.raises(ValueError, match="prototype folds or prototype chips, not both"):
-        calibrate_model(
-            score_model, chips, tmp_path / "x.onnx", prototype_folds=[1], prototype_ids=ids
-        )
+        both = CalibrationOptions(prototype_folds=[1], prototype_ids=ids)
+        calibrate_model(score_model, chips, tmp_path / "x.onnx", both)
     assert not (tmp_path / "x.onnx").exists()
 
 

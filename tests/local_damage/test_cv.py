@@ -188,7 +188,7 @@ def test_cv_argument_errors(store, configs, tmp_path, capsys):
 
 def test_pooled_metrics_score_every_fold_as_one_set():
     from local_damage.experiments.cv import pooled_metrics, summarise_method
-    from local_damage.metrics import classification_metrics
+    from runtime.metrics import classification_metrics
 
     names = list(CLASS_NAMES)
     # fold A holds the only minor-damage buildings; fold B none of them

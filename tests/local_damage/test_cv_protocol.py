@@ -19,7 +19,7 @@ from local_damage.experiments.cv_report import (
     protocol_summary,
     protocol_table,
 )
-from local_damage.metrics.calibration import expected_calibration_error
+from runtime.metrics.calibration import expected_calibration_error
 
 # tile, event, labels, predictions (one building each)
 TILES = [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from cli.main import main
 from data_prep.spec import CLASS_NAMES, ChipSpec
-from tests.conftest import TINY_TRAIN
+from tests.conftest import REPO, TINY_TRAIN
 
 #: A chip spec other than the default, so that cutting with the run's spec is observable.
 SPEC = ChipSpec(chip_size=64, context=2.0, min_size=48)
@@ -34,10 +36,11 @@ def store(synthetic_xbd, tmp_path_factory) -> Path:
 def run(store, tmp_path_factory) -> Path:
     from local_damage.config import load_yaml
     from local_damage.train.config import Config
+    from local_damage.train.loaders import ChipSplit
     from local_damage.train.loop import train
 
     out = tmp_path_factory.mktemp("eval_run") / "run"
-    train(load_yaml(Config, None, TINY), store, out, fold=0, progress=False)
+    train(load_yaml(Config, None, TINY), store, out, ChipSplit(fold=0), progress=False)
     return out
 
 
@@ -207,9 +210,8 @@ def test_perfect_labels_score_exactly_one(all_chips, store, run, tmp_path):
 
 
 def test_second_view_is_augmented_and_seeded(run, store):
-    from local_damage.evaluation.chips import select_chips
-    from local_damage.evaluation.scorers import augmented_view
-    from local_damage.evaluation.torch_scorer import TorchScorer
+    from local_damage.evaluation.torch_scorer import TorchScorer, augmented_view
+    from runtime.evaluation.chips import select_chips
 
     scorer = TorchScorer(run)
     ids, _, _ = select_chips(store, fold=1)
@@ -279,12 +281,29 @@ def test_clear_errors(run, store, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_onnx_model_on_one_view_is_evaluated_without_torch(score_model, chips, tmp_path):
+    """Everything of `evaluate` but the second, augmented view runs on ONNX Runtime alone."""
+    out = tmp_path / "eval"
+    code = (
+        "import sys\n"
+        "from cli.main import main\n"
+        f"rc = main(['evaluate', '--model', {str(score_model)!r}, '--chips', {str(chips)!r}, "
+        f"'--views', '1', '--no-tsne', '--out', {str(out)!r}, '--quiet'])\n"
+        "assert rc == 0, rc\n"
+        "assert 'torch' not in sys.modules, 'evaluate imported torch'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "metrics.json").read_text())["views"] == 1
+
+
+@pytest.mark.slow
 def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     from data_prep.xbd import prepare_xbd
-    from local_damage.evaluation.chips import select_chips
-    from local_damage.evaluation.scorers import OnnxScorer
-    from local_damage.evaluation.torch_scorer import TorchScorer
+    from local_damage.evaluation.torch_scorer import TorchScorer, augmented_view
     from local_damage.export.model import export_run
+    from runtime.evaluation.chips import select_chips
+    from runtime.evaluation.scorers import EvaluationError, OnnxScorer
 
     model = tmp_path / "model.onnx"
     export_run(run, model)
@@ -307,7 +326,11 @@ def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     small = tmp_path / "chips32"
     prepare_xbd([synthetic_xbd], small, spec=ChipSpec(32, SPEC.context, SPEC.min_size))
     ids, _, _ = select_chips(small)
-    onnx = OnnxScorer(model).score(small, ids, views=2, batch_size=8, seed=1)
+    with pytest.raises(EvaluationError, match="second view needs the training augmentation"):
+        OnnxScorer(model).score(small, ids, views=2)
+    onnx = OnnxScorer(model, second_view=augmented_view).score(
+        small, ids, views=2, batch_size=8, seed=1
+    )
     torch = TorchScorer(run).score(small, ids, views=2, batch_size=8, seed=1)
     assert onnx.chip_ids == torch.chip_ids
     assert np.array_equal(onnx.labels, torch.labels)

@@ -85,13 +85,12 @@ def rect_root(tmp_path_factory) -> Path:
 def tiny_run(rect_root, tmp_path_factory) -> tuple[Path, dict]:
     from local_damage.config import load_yaml
     from local_damage.localize.config import LocalizeConfig
-    from local_damage.localize.train import train_localizer
+    from local_damage.localize.train import TileSplit, train_localizer
 
     cfg = load_yaml(LocalizeConfig, REPO / "configs" / "localize.yaml", TINY)
     out = tmp_path_factory.mktemp("localize-run")
-    summary = train_localizer(
-        cfg, rect_root, out, fold=0, holdout=1, folds=3, split_seed=0, progress=False
-    )
+    split = TileSplit(fold=0, holdout=1, folds=3, split_seed=0)
+    summary = train_localizer(cfg, rect_root, out, split, progress=False)
     return out, summary
 
 
@@ -170,7 +169,7 @@ def test_missing_encoder_weights_file_is_named(tmp_path):
 
 
 def test_operating_point_and_blob_filter():
-    from local_damage.localize.evaluate import (
+    from runtime.evaluation.localizer import (
         building_mask,
         choose_operating_point,
         pixel_counts,
@@ -248,8 +247,8 @@ def test_training_device_is_checked_before_any_tile(tmp_path):
 
     from local_damage.config import ConfigError, load_yaml
     from local_damage.localize.config import LocalizeConfig
-    from local_damage.localize.errors import LocalizeError
     from local_damage.localize.train import train_localizer
+    from runtime.localize_errors import LocalizeError
 
     with pytest.raises(ConfigError, match="train.device must be auto, cpu, cuda or cuda:N"):
         load_yaml(LocalizeConfig, None, ["train.device=gpu"])
@@ -272,14 +271,13 @@ def test_train_on_cuda_writes_cpu_weights(rect_root, tmp_path):
 
     from local_damage.config import load_yaml
     from local_damage.localize.config import LocalizeConfig
-    from local_damage.localize.train import BEST, train_localizer
+    from local_damage.localize.train import BEST, TileSplit, train_localizer
 
     cfg = load_yaml(
         LocalizeConfig, REPO / "configs" / "localize.yaml", [*TINY, "train.device=cuda"]
     )
-    summary = train_localizer(
-        cfg, rect_root, tmp_path, fold=0, holdout=1, folds=3, split_seed=0, progress=False
-    )
+    split = TileSplit(fold=0, holdout=1, folds=3, split_seed=0)
+    summary = train_localizer(cfg, rect_root, tmp_path, split, progress=False)
     assert summary["precision"] in ("bf16", "fp16") and summary["device"] != "cpu"
     weights = load_file(str(tmp_path / BEST))
     assert all(t.device.type == "cpu" for t in weights.values())
@@ -309,10 +307,10 @@ def test_export_writes_the_onnx_contract(tiny_run, rect_root, tmp_path):
     import torch
 
     from data_prep.masks import find_mask_tiles, load_mask_tile
-    from local_damage.localize.evaluate import evaluate_model
     from local_damage.localize.export import export_localizer, load_localize_run
     from local_damage.localize.model import UInt8Localizer
     from runtime.contract import CPU_ONLY, open_session, read_metadata
+    from runtime.evaluation.localizer import evaluate_model
     from tests.app.rects import make_localizer
 
     run, _ = tiny_run
@@ -498,7 +496,7 @@ def test_bundled_localizer_on_its_heldout_tiles():
     """The held-out figure stored in the bundled localiser reproduces on its test tiles, which
     it never trained on."""
     from data_prep.masks import find_mask_tiles
-    from local_damage.localize.evaluate import evaluate_tiles, onnx_model
+    from runtime.evaluation.localizer import evaluate_tiles, onnx_model
 
     model_path = REPO / "models" / "localizer.onnx"
     if not model_path.is_file():

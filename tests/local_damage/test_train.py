@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from cli.main import main
 from local_damage.config import ConfigError, load_yaml
 from local_damage.train.config import Config
+from local_damage.train.loaders import ChipSplit
 from local_damage.train.loop import train
 from tests.conftest import TINY_TRAIN
 
@@ -59,7 +60,7 @@ def test_yaml_unknown_key_and_bad_value_are_clear_errors(tmp_path, capsys):
 @pytest.mark.slow
 def test_run_folder_holds_what_later_steps_need(chips, tmp_path):
     run = tmp_path / "run"
-    summary = train(tiny("train.epochs=2"), chips, run, fold=0, progress=False)
+    summary = train(tiny("train.epochs=2"), chips, run, ChipSplit(fold=0), progress=False)
     for name in ("config.yaml", "best.safetensors", "metrics.csv", "summary.json", "curves.png"):
         assert (run / name).is_file(), name
     assert (run / "checkpoints" / "last" / "model.safetensors").is_file()
@@ -89,10 +90,10 @@ def test_validation_geometry_is_that_of_the_kept_model(chips, tmp_path):
     # embeddings under the weights that epoch ends with (kept as best.safetensors by "last").
     from data_prep.split import fold_indices
     from local_damage.evaluation.torch_scorer import TorchScorer
-    from local_damage.metrics import class_mean_gram, gram_summary, unit_rows
+    from runtime.metrics import class_mean_gram, gram_summary, unit_rows
 
     run = tmp_path / "run"
-    train(tiny("train.epochs=1", "train.keep=last"), chips, run, fold=0, progress=False)
+    train(tiny("train.epochs=1", "train.keep=last"), chips, run, ChipSplit(fold=0), progress=False)
     last = pd.read_csv(run / "metrics.csv").iloc[-1]
     val_ids = fold_indices(chips, 0)[1]
     scored = TorchScorer(run, device="cpu").score(chips, val_ids)
@@ -115,7 +116,7 @@ def test_keep_last_evaluates_the_last_epoch_not_the_best(chips, tmp_path):
             tiny("train.epochs=3", "optim.lr=0.0", f"train.keep={keep}"),
             chips,
             run,
-            fold=0,
+            ChipSplit(fold=0),
             progress=False,
         )
     assert runs["best"]["best_epoch"] == 0
@@ -167,7 +168,7 @@ def test_balanced_sampling_does_not_weight_the_loss_twice(chips, tmp_path):
 def test_same_seed_same_first_epoch_loss(chips, tmp_path):
     losses = []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        train(tiny(f"train.seed={seed}"), chips, tmp_path / name, fold=0, progress=False)
+        train(tiny(f"train.seed={seed}"), chips, tmp_path / name, ChipSplit(fold=0), progress=False)
         losses.append(pd.read_csv(tmp_path / name / "metrics.csv")["train_loss"].iloc[0])
     assert losses[0] == losses[1]
     assert losses[0] != losses[2]
@@ -176,9 +177,9 @@ def test_same_seed_same_first_epoch_loss(chips, tmp_path):
 @pytest.mark.slow
 def test_resume_continues_exactly(chips, tmp_path):
     straight = tmp_path / "straight"
-    train(tiny("train.epochs=2"), chips, straight, fold=0, progress=False)
+    train(tiny("train.epochs=2"), chips, straight, ChipSplit(fold=0), progress=False)
     split = tmp_path / "split"
-    train(tiny("train.epochs=1"), chips, split, fold=0, progress=False)
+    train(tiny("train.epochs=1"), chips, split, ChipSplit(fold=0), progress=False)
     argv = ["train", "--chips", str(chips), "--out", str(split), "--fold", "0", "--resume"]
     assert main([*argv, "--set", "train.epochs=2", "--quiet"]) == 0
     a = load_file(str(straight / "checkpoints/last/model.safetensors"))
@@ -194,9 +195,16 @@ def test_resume_continues_exactly(chips, tmp_path):
 @pytest.mark.slow
 def test_init_with_frozen_encoder_keeps_encoder_and_trains_heads(chips, tmp_path):
     base = tmp_path / "base"
-    train(tiny(), chips, base, fold=0, progress=False)
+    train(tiny(), chips, base, ChipSplit(fold=0), progress=False)
     tuned = tmp_path / "tuned"
-    train(tiny("train.freeze_encoder_epochs=1"), chips, tuned, fold=0, init=base, progress=False)
+    train(
+        tiny("train.freeze_encoder_epochs=1"),
+        chips,
+        tuned,
+        ChipSplit(fold=0),
+        init=base,
+        progress=False,
+    )
     a = load_file(str(base / "best.safetensors"))
     b = load_file(str(tuned / "checkpoints/last/model.safetensors"))
     encoder = [k for k in a if k.startswith("encoder.")]
@@ -236,7 +244,11 @@ def test_init_from_missing_run_is_a_clear_error(chips, tmp_path, capsys):
 )
 def test_memory_options_and_methods_train(chips, tmp_path, options):
     summary = train(
-        tiny("train.max_steps_per_epoch=1", *options), chips, tmp_path / "r", fold=0, progress=False
+        tiny("train.max_steps_per_epoch=1", *options),
+        chips,
+        tmp_path / "r",
+        ChipSplit(fold=0),
+        progress=False,
     )
     assert np.isfinite(pd.read_csv(tmp_path / "r" / "metrics.csv")["train_loss"]).all()
     if "loss.method=scl" in options:  # the SCL baseline has no latent module

@@ -11,10 +11,11 @@ from tests.conftest import run_cli
 def test_draws_leave_out_training_tiles_and_count_the_draws_made_worse(score_model, capsys):
     from runtime.predictor import Predictor
     from runtime.training_tiles import training_tiles
-    from studies.newtile import WORSE, bench_new_tile, tiles_of
+    from studies.newtile import WORSE, NewTileOptions, bench_new_tile, tiles_of
 
     chips = score_model.parent / "chips"
-    result = bench_new_tile(score_model, [str(chips)], ks=(2, 4), draws=6, min_eval=2)
+    options = NewTileOptions(ks=(2, 4), draws=6, min_eval=2)
+    result = bench_new_tile(score_model, [str(chips)], options)
     trained = training_tiles(Predictor(score_model).metadata).tiles or frozenset()
     rows = result["rows"]
     assert rows and {r["k"] for r in rows} <= {2, 4}

@@ -187,7 +187,7 @@ def test_adapt_arms_are_what_local_damage_adapt_gives(report, chips, tmp_path):
     from app.adapt.labelled import Buildings, from_chip_store
     from app.adapt.model import adapt_model
     from app.adapt.suggest import suggestion_order
-    from local_damage.metrics import classification_metrics
+    from runtime.metrics import classification_metrics
     from runtime.predictor import Predictor
 
     results = _load(report)

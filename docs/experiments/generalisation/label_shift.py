@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from app.adapt.labelled import from_chip_store
-from local_damage.metrics import classification_metrics
+from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 
 EVENT = "hurricane-michael"

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from local_damage.metrics import (
+from data_prep.xview2 import xview2_harmonic_mean
+from runtime.metrics import (
     class_alignment_consistency,
     class_alignment_distance,
     class_mean_gram,
@@ -17,14 +18,13 @@ from local_damage.metrics import (
     gaussian_potential_uniformity,
     gram_of_sums,
     gram_summary,
-    harmonic_mean,
     plot_confusion_matrix,
     plot_embedding_tsne,
     representation_metrics,
     sample_alignment_accuracy,
     sample_alignment_distance,
 )
-from local_damage.metrics.representation import class_alignment_consistencies
+from runtime.metrics.representation import class_alignment_consistencies
 
 NAMES = ["no-damage", "minor-damage", "major-damage", "destroyed"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -358,7 +358,7 @@ def test_permutation_invariance():
 
 
 def test_block_computation_matches_single_block(monkeypatch):
-    import local_damage.metrics.representation as rep
+    import runtime.metrics.representation as rep
 
     z, y, z2 = clusters([20, 15, 10], noise=0.5, seed=4, view_noise=0.3)
     whole = representation_metrics(z, y, ["a", "b", "c"], z_view2=z2, fraction=0.1)
@@ -447,10 +447,18 @@ def test_classification_single_class_perfect():
     assert out["absent_classes"] == ["no-damage", "major-damage", "destroyed"]
 
 
-def test_harmonic_mean():
-    assert harmonic_mean([0.5, 1.0]) == pytest.approx(2 / 3)
-    assert harmonic_mean([0.9, 0.0, 0.8]) == 0.0
-    assert math.isnan(harmonic_mean([]))
+def test_xview2_damage_f1_is_the_challenges_harmonic_mean_without_its_epsilon():
+    assert xview2_harmonic_mean([0.5, 1.0], epsilon=0.0) == pytest.approx(2 / 3)
+    assert xview2_harmonic_mean([0.9, 0.0, 0.8], epsilon=0.0) == 0.0
+    with pytest.raises(ValueError, match="no F1 scores"):
+        xview2_harmonic_mean([], epsilon=0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        xview2_harmonic_mean([0.5, -0.1])
+    labels = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    preds = np.array([0, 0, 1, 2, 2, 2, 1, 1])
+    got = classification_metrics(labels, preds, NAMES[:3])
+    f1 = [got["per_class"][n]["f1"] for n in NAMES[:3]]
+    assert got["xview2_damage_f1"] == xview2_harmonic_mean(f1, epsilon=0.0)
 
 
 def test_classification_errors():
@@ -508,7 +516,7 @@ def test_plot_embedding_tsne_small_and_subsampled(tmp_path):
 
 
 def test_macro_f1_over_present_classes_leaves_absent_ones_out():
-    from local_damage.metrics import classification_metrics, macro_f1_present, present_class_f1
+    from runtime.metrics import classification_metrics, macro_f1_present, present_class_f1
 
     names = ["no-damage", "minor-damage", "major-damage", "destroyed"]
     labels = np.array([0, 0, 0, 3, 3])

@@ -1,7 +1,7 @@
 """Which chips of a store a model is evaluated or calibrated on: the labelled chips of one fold
 of its splits (or all of them), and whether the store was cut as the model expects.
 
-Shared by :mod:`local_damage.evaluation.evaluate` and :mod:`local_damage.evaluation.calibrate`.
+Shared by :mod:`runtime.evaluation.evaluate` and :mod:`runtime.evaluation.calibrate`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from data_prep.spec import ChipSpec
 from data_prep.split import SPLITS, fold_indices
 from data_prep.store import read_manifest, read_meta
-from local_damage.evaluation.scorers import EvaluationError, Scorer
+from runtime.evaluation.scorers import EvaluationError, Scorer
 
 log = logging.getLogger(__name__)
 

@@ -2,16 +2,17 @@
 
 Both are :class:`Scorer` objects whose :meth:`Scorer.score` turns a list of chips into a
 :class:`Scored` bundle (labels, logits, probabilities, ``z``, and ``e_post`` where the backend
-exposes it). This module and :class:`OnnxScorer` are torch-free (a second, augmented view needs
-the training augmentation, so torch); the PyTorch backend is
-:class:`local_damage.evaluation.torch_scorer.TorchScorer`, and
-:func:`local_damage.evaluation.evaluate.load_scorer` picks one. Everything after scoring
-(metrics, representation geometry, figures, files) is :mod:`local_damage.evaluation.evaluate`'s.
+exposes it). This module and :class:`OnnxScorer` are torch-free; a second, augmented view needs
+the training augmentation, so torch, and is handed in (:data:`SecondView`,
+:func:`local_damage.evaluation.torch_scorer.augmented_view`). The PyTorch backend is
+:class:`local_damage.evaluation.torch_scorer.TorchScorer`, and the ``evaluate`` command picks
+one. Everything after scoring (metrics, representation geometry, figures, files) is
+:mod:`runtime.evaluation.evaluate`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,11 @@ from runtime.predictor import Predictor
 from runtime.training_tiles import TrainingTiles, training_tiles
 
 METRICS_JSON = "metrics.json"
+
+#: A second view of chips: ``(chips, chip_ids, input_size, seed)`` to a sequence of
+#: ``(pre, post, label)`` items, pre and post ``[3, input_size, input_size]`` arrays (or tensors)
+#: of the training augmentation, seeded per chip, in manifest order.
+SecondView = Callable[[Path, Sequence[str], int, int], Sequence[tuple]]
 
 
 class EvaluationError(LocalDamageError, ValueError):
@@ -115,24 +121,21 @@ def check_views(views: int) -> None:
         raise ValueError(f"views must be 1 or 2, got {views}")
 
 
-def augmented_view(chips: Path, chip_ids: Sequence[str], input_size: int, seed: int):
-    """Dataset of the second view: the training augmentation, seeded per chip."""
-    # torch-bearing: imported here so that scoring an ONNX model on one view needs no torch
-    from local_damage.data import ChipPairDataset
-
-    dataset = ChipPairDataset(chips, chip_ids, input_size, augment=True, seed=seed)
-    dataset.set_epoch(0)
-    return dataset
-
-
 class OnnxScorer(Scorer):
     """An exported ONNX model run through :class:`runtime.predictor.Predictor` (the serving path).
 
     The first view passes the stored chips as they are (the predictor resizes them itself); the
     second view passes the training augmentation's output at the predictor's input size.
+
+    Args:
+        model: the ONNX file.
+        tta: test-time augmentation (``runtime.predictor.TTA_VIEWS``).
+        second_view: the second view's chips (the training augmentation, so torch:
+            :func:`local_damage.evaluation.torch_scorer.augmented_view`); None scores one view
+            only.
     """
 
-    def __init__(self, model: str | Path, tta: str = "none"):
+    def __init__(self, model: str | Path, tta: str = "none", second_view: SecondView | None = None):
         model = Path(model)
         if not model.is_file():
             raise EvaluationError(f"{model}: ONNX model not found")
@@ -145,6 +148,7 @@ class OnnxScorer(Scorer):
         self.input_size = int(self.predictor.input_size)
         self.temperature = self.predictor.temperature
         self.training_tiles = training_tiles(self.predictor.metadata)
+        self.second_view = second_view
 
     def _predict(self, batches: Iterator[tuple], batch_size: int):
         labels, logits, probs, z = [], [], [], []
@@ -165,6 +169,11 @@ class OnnxScorer(Scorer):
         from tqdm import tqdm
 
         check_views(views)
+        if views == 2 and self.second_view is None:
+            raise EvaluationError(
+                "a second view needs the training augmentation (PyTorch): give the scorer a "
+                "second_view, or score one view"
+            )
         chips = Path(chips)
         frame = read_manifest(chips)
         wanted = set(chip_ids)
@@ -191,7 +200,7 @@ class OnnxScorer(Scorer):
         labels, logits, probs, z = self._predict(stored(), batch_size)
         z_view2 = None
         if views == 2:
-            dataset = augmented_view(chips, ids, self.input_size, seed)
+            dataset = self.second_view(chips, ids, self.input_size, seed)
 
             def augmented() -> Iterator[tuple]:
                 for start in range(0, len(dataset), batch_size):
@@ -199,8 +208,8 @@ class OnnxScorer(Scorer):
                         dataset[i] for i in range(start, min(start + batch_size, len(dataset)))
                     ]
                     yield (
-                        np.stack([it[0].numpy().transpose(1, 2, 0) for it in items]),
-                        np.stack([it[1].numpy().transpose(1, 2, 0) for it in items]),
+                        np.stack([np.asarray(it[0]).transpose(1, 2, 0) for it in items]),
+                        np.stack([np.asarray(it[1]).transpose(1, 2, 0) for it in items]),
                         np.array([it[2] for it in items]),
                     )
 

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from data_prep.store import atomic_path
-from local_damage.metrics.representation import check_labels
+from runtime.metrics.representation import check_labels
 
 #: Bins of the expected calibration error and the reliability diagram.
 ECE_BINS = 15

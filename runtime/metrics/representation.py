@@ -15,7 +15,7 @@ measures the geometry LOCAL's orthonormal contrastive loss aims for: class means
 perpendicular (off-diagonal cosines 0) rather than the regular simplex of SupCon (-1/(K-1)).
 
 Everything is NumPy/SciPy (no torch), so evaluation of an exported ONNX model can use it (the
-t-SNE plot of the embeddings is :mod:`local_damage.metrics.tsne`). Pairwise
+t-SNE plot of the embeddings is :mod:`runtime.metrics.tsne`). Pairwise
 distances come from float64 matrix products in row blocks, so memory stays at a few tens of MB for
 tens of thousands of embeddings; time grows with N^2.
 """

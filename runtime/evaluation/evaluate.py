@@ -2,9 +2,11 @@
 
 A model is either a run folder (rebuilt and run with PyTorch) or an exported ONNX model (run
 through :class:`runtime.predictor.Predictor`, the serving path). Both are wrapped as a
-:class:`local_damage.evaluation.scorers.Scorer`, whose ``score`` turns a list of chips into a ``Scored``
-bundle (labels, logits, probabilities, ``z``, and ``e_post`` where the backend exposes it), so
-everything after that (metrics, representation geometry, figures, files) is shared.
+:class:`runtime.evaluation.scorers.Scorer` (the run folder's is
+:class:`local_damage.evaluation.torch_scorer.TorchScorer`), whose ``score`` turns a list of
+chips into a ``Scored`` bundle (labels, logits, probabilities, ``z``, and ``e_post`` where the
+backend exposes it), so everything after that (metrics, representation geometry, figures,
+files) is shared and torch-free.
 
 Outputs in ``OUT/``::
 
@@ -20,7 +22,7 @@ Outputs in ``OUT/``::
 
 The calibration block holds the ECE (15 bins), NLL and Brier score of the softmax of the raw
 logits (``before``) and, for an ONNX model calibrated by ``local-damage calibrate``, of the
-probabilities with its temperature applied (``after``; :mod:`local_damage.metrics.calibration`).
+probabilities with its temperature applied (``after``; :mod:`runtime.metrics.calibration`).
 
 The ``training_data`` block says which of the evaluated chips lie on tiles the model was trained
 on (:mod:`runtime.training_tiles`): figures on them are in-sample, and the printed summary marks
@@ -39,6 +41,7 @@ import csv
 import logging
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +49,9 @@ import numpy as np
 
 from data_prep.store import atomic_path, read_manifest, write_json
 from data_prep.xbd import prepare_xbd
-from local_damage.evaluation.chips import select_chips, warn_spec_mismatch
-from local_damage.evaluation.scorers import EvaluationError, OnnxScorer, Scored, Scorer
-from local_damage.metrics import (
+from runtime.evaluation.chips import select_chips, warn_spec_mismatch
+from runtime.evaluation.scorers import EvaluationError, Scored, Scorer
+from runtime.metrics import (
     ECE_BINS,
     calibration_metrics,
     classification_metrics,
@@ -74,34 +77,26 @@ RELIABILITY_PNG = "reliability.png"
 # the evaluation
 
 
-def load_scorer(
-    run: str | Path | None = None,
-    model: str | Path | None = None,
-    device: str = "auto",
-    tta: str = "none",
-) -> Scorer:
-    """A :class:`~local_damage.evaluation.torch_scorer.TorchScorer` for a run folder or an
-    :class:`~local_damage.evaluation.scorers.OnnxScorer` for an ONNX file.
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """How labelled chips are evaluated: the views, the figures and the batches (the model, the
+    chips and the output folder are :func:`evaluate`'s arguments).
 
-    ``tta``: test-time augmentation of the ONNX model (``runtime.predictor.TTA_VIEWS``).
-
-    Raises:
-        EvaluationError: the run folder lacks config.yaml or best.safetensors, or the ONNX file
-            does not exist; both or neither of ``run`` and ``model``; ``tta`` with a run folder.
+    Attributes:
+        views: 2 adds SAA and SAD from a second, augmented view of every chip (the scorer
+            needs one: :class:`~runtime.evaluation.scorers.OnnxScorer`'s ``second_view``); 1
+            skips them.
+        tsne: write the t-SNE figures.
+        batch_size: pairs per forward pass.
+        seed: seed of the second view's augmentation and of t-SNE.
+        progress: show progress bars.
     """
-    if (run is None) == (model is None):
-        raise EvaluationError("give exactly one of a run folder or an ONNX model")
-    if run is not None and tta != "none":
-        raise EvaluationError(
-            f"test-time augmentation ({tta}) grades an exported model: export the run and give "
-            "it as --model"
-        )
-    if run is None:
-        return OnnxScorer(model, tta)
-    # torch-bearing: imported here so that evaluating an ONNX model needs no torch
-    from local_damage.evaluation.torch_scorer import TorchScorer
 
-    return TorchScorer(run, device=device)
+    views: int = 2
+    tsne: bool = True
+    batch_size: int = 64
+    seed: int = 0
+    progress: bool = False
 
 
 def evaluate(
@@ -109,41 +104,41 @@ def evaluate(
     chips: str | Path,
     chip_ids: Sequence[str],
     out: str | Path,
-    views: int = 2,
-    tsne: bool = True,
-    batch_size: int = 64,
-    seed: int = 0,
+    options: EvaluationOptions | None = None,
     source: dict[str, Any] | None = None,
-    progress: bool = False,
 ) -> dict[str, Any]:
     """Score labelled chips and write metrics.json, predictions.csv and the figures to ``out``.
 
     Args:
-        scorer: the model (see :func:`load_scorer`).
+        scorer: the model (:class:`~runtime.evaluation.scorers.OnnxScorer`, or
+            :class:`~local_damage.evaluation.torch_scorer.TorchScorer` for a run folder).
         chips: chip store folder.
         chip_ids: the labelled chips to evaluate (see :func:`select_chips`); outputs list them
             in manifest order.
         out: output folder.
-        views: 2 adds SAA and SAD from a second, augmented view of every chip; 1 skips them.
-        tsne: write the t-SNE figures.
-        batch_size: pairs per forward pass.
-        seed: seed of the second view's augmentation and of t-SNE.
+        options: views, figures, batches, seed and progress (default ``EvaluationOptions()``).
         source: extra entries for the ``source`` block (chips, fold, selection...).
-        progress: show progress bars.
 
     Returns:
         The metrics dict also written to ``out/metrics.json``: the keys of
-        :func:`~local_damage.metrics.classification_metrics`, ``calibration`` (see
+        :func:`~runtime.metrics.classification_metrics`, ``calibration`` (see
         :func:`calibration_report`), ``representation`` (see
-        :func:`~local_damage.metrics.representation_metrics`, plus
-        ``zero_embeddings_left_out``, see :func:`~local_damage.metrics.unit_rows`; None with
+        :func:`~runtime.metrics.representation_metrics`, plus
+        ``zero_embeddings_left_out``, see :func:`~runtime.metrics.unit_rows`; None with
         fewer than 2 usable embeddings), ``source`` and ``views``.
     """
     if not chip_ids:
         raise EvaluationError(f"{chips}: no chips to evaluate")
+    options = options or EvaluationOptions()
+    views, seed = options.views, options.seed
     out = Path(out)
     scored = scorer.score(
-        chips, chip_ids, views=views, batch_size=batch_size, seed=seed, progress=progress
+        chips,
+        chip_ids,
+        views=views,
+        batch_size=options.batch_size,
+        seed=seed,
+        progress=options.progress,
     )
     names = list(scorer.class_names)
     if scored.labels.min() < 0:
@@ -187,7 +182,7 @@ def evaluate(
         out / RELIABILITY_PNG,
         title=f"{where}\n{len(scored.labels)} buildings, {ECE_BINS} confidence bins",
     )
-    if tsne:
+    if options.tsne:
         for key, emb, what in (
             ("z", scored.z, "z (pre/post joint)"),
             ("e_post", scored.e_post, "e_post (post image)"),
@@ -213,12 +208,12 @@ def calibration_report(
 
     Returns:
         ``(block, curves)``: ``block`` is ``{"temperature", "bins", "before", "after"}`` with
-        ``before`` the :func:`~local_damage.metrics.calibration_metrics` (ECE, NLL, Brier,
+        ``before`` the :func:`~runtime.metrics.calibration_metrics` (ECE, NLL, Brier,
         accuracy) of the softmax of the raw logits and ``after`` those of the calibrated
         probabilities (None without a temperature), each with ``ece_floor``: the ECE chance
         alone gives that many predictions at those confidences
-        (:func:`~local_damage.metrics.ece_sampling_floor`); ``curves`` maps a legend label with the ECE
-        to the :func:`~local_damage.metrics.reliability_bins` of each.
+        (:func:`~runtime.metrics.ece_sampling_floor`); ``curves`` maps a legend label with the ECE
+        to the :func:`~runtime.metrics.reliability_bins` of each.
     """
     raw = softmax(scored.logits)
     before = calibration_metrics(raw, scored.labels)
@@ -407,11 +402,11 @@ def evaluate_xbd(
     scorer: Scorer,
     roots: Sequence[str | Path],
     out: str | Path,
-    progress: bool = False,
-    **kwargs: Any,
+    options: EvaluationOptions | None = None,
 ) -> dict[str, Any]:
     """Cut chips from xBD roots with the model's chip spec into a temporary store and evaluate
-    every labelled chip of it (keyword arguments as :func:`evaluate`).
+    every labelled chip of it (``options`` as :func:`evaluate`'s; its ``progress`` also shows
+    the cutting).
 
     Raises:
         EvaluationError: the model's chip spec is unknown (a run without summary.json).
@@ -422,8 +417,9 @@ def evaluate_xbd(
             f"{where}: the model's chip spec is unknown (no chip_spec in summary.json), so xBD "
             "tiles cannot be cut as in training; prepare a chip store and use --chips"
         )
+    options = options or EvaluationOptions()
     with tempfile.TemporaryDirectory(prefix="evaluate-chips-") as tmp:
-        report = prepare_xbd(list(roots), tmp, spec=scorer.spec, progress=progress)
+        report = prepare_xbd(list(roots), tmp, spec=scorer.spec, progress=options.progress)
         for item in report.skipped:
             log.warning(f"skipped {item}")
         chip_ids, _, unlabelled = select_chips(tmp)
@@ -435,7 +431,7 @@ def evaluate_xbd(
             "unlabelled_left_out": unlabelled,
             "skipped": report.to_dict()["skipped"],
         }
-        return evaluate(scorer, tmp, chip_ids, out, source=source, progress=progress, **kwargs)
+        return evaluate(scorer, tmp, chip_ids, out, options, source=source)
 
 
 def evaluate_chips(
@@ -443,14 +439,12 @@ def evaluate_chips(
     chips: str | Path,
     out: str | Path,
     fold: int | None = None,
-    progress: bool = False,
-    **kwargs: Any,
+    options: EvaluationOptions | None = None,
 ) -> dict[str, Any]:
     """Evaluate the labelled chips of a store (fold ``fold`` of its splits, or all of them).
 
     Warns (logs) when the store was cut with another chip spec than the model's, and when
-    evaluating every chip of the store the run was trained on. Keyword arguments as
-    :func:`evaluate`.
+    evaluating every chip of the store the run was trained on. ``options`` as :func:`evaluate`'s.
     """
     chips = Path(chips)
     chip_ids, description, unlabelled = select_chips(chips, fold)
@@ -468,4 +462,4 @@ def evaluate_chips(
         "selection": description,
         "unlabelled_left_out": unlabelled,
     }
-    return evaluate(scorer, chips, chip_ids, out, source=source, progress=progress, **kwargs)
+    return evaluate(scorer, chips, chip_ids, out, options, source=source)

@@ -1,12 +1,12 @@
 """Evaluation metrics: per-building classification scores, calibration of the class
-probabilities, representation-space geometry, and the xView2 challenge's pixel score.
+probabilities and representation-space geometry (the xView2 challenge's pixel score is
+:mod:`data_prep.xview2`'s).
 
 NumPy, SciPy and scikit-learn only (matplotlib inside the plot functions): no torch, so the
 ONNX-based evaluation path can use them.
 """
 
-from data_prep.xview2 import XView2Counts, xview2_scores
-from local_damage.metrics.calibration import (
+from runtime.metrics.calibration import (
     ECE_BINS,
     brier_score,
     calibration_metrics,
@@ -16,14 +16,13 @@ from local_damage.metrics.calibration import (
     plot_reliability_diagram,
     reliability_bins,
 )
-from local_damage.metrics.classification import (
+from runtime.metrics.classification import (
     classification_metrics,
-    harmonic_mean,
     macro_f1_present,
     plot_confusion_matrix,
     present_class_f1,
 )
-from local_damage.metrics.representation import (
+from runtime.metrics.representation import (
     class_alignment_consistency,
     class_alignment_distance,
     class_mean_gram,
@@ -35,12 +34,11 @@ from local_damage.metrics.representation import (
     sample_alignment_distance,
     unit_rows,
 )
-from local_damage.metrics.tsne import CLASS_COLOURS, plot_embedding_tsne
+from runtime.metrics.tsne import CLASS_COLOURS, plot_embedding_tsne
 
 __all__ = [
     "CLASS_COLOURS",
     "ECE_BINS",
-    "XView2Counts",
     "brier_score",
     "calibration_metrics",
     "ece_sampling_floor",
@@ -55,7 +53,6 @@ __all__ = [
     "gaussian_potential_uniformity",
     "gram_of_sums",
     "gram_summary",
-    "harmonic_mean",
     "macro_f1_present",
     "plot_confusion_matrix",
     "present_class_f1",
@@ -64,5 +61,4 @@ __all__ = [
     "sample_alignment_accuracy",
     "sample_alignment_distance",
     "unit_rows",
-    "xview2_scores",
 ]

@@ -1,6 +1,6 @@
 """`local-damage calibrate`: fit a temperature to an ONNX model on labelled chips and store it.
 
-The model is run through :class:`local_damage.evaluation.scorers.OnnxScorer` (the ONNX Runtime predictor
+The model is run through :class:`runtime.evaluation.scorers.OnnxScorer` (the ONNX Runtime predictor
 that serving uses) on the labelled chips of a chip store, or of one fold of its splits; the
 temperature ``T`` that minimises the negative log-likelihood of their labels
 (:func:`runtime.calibration.fit_temperature`) is written into a copy of the model as the
@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from local_damage.evaluation.chips import select_chips, store_folds, warn_spec_mismatch
-from local_damage.evaluation.scorers import OnnxScorer, Scored
-from local_damage.metrics import calibration_metrics
 from runtime import flags
 from runtime.calibration import (
     METADATA_KEY,
@@ -42,8 +40,11 @@ from runtime.calibration import (
     fit_temperature,
 )
 from runtime.contract import save_onnx, set_metadata
+from runtime.evaluation.chips import select_chips, store_folds, warn_spec_mismatch
+from runtime.evaluation.scorers import OnnxScorer, Scored
 from runtime.familiarity import SCENE_KEY, scene_reference
 from runtime.flags import class_prototypes, ood_block, ood_scores, ood_threshold
+from runtime.metrics import calibration_metrics
 from runtime.predictor import Predictor, softmax
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,41 @@ def fold_note(metadata: dict[str, Any], fold: int | None) -> str | None:
 
 #: Default fraction of in-distribution calibration chips the ``ood`` threshold flags.
 OOD_QUANTILE = 0.01
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What `local-damage calibrate` fits, and on which chips of the store (the model, the chip
+    store and the file written are :func:`calibrate_model`'s arguments).
+
+    Attributes:
+        fold: fit on the chips of this fold of ``chips/splits.csv`` (the calibration fold);
+            None: every labelled chip.
+        chip_ids: fit on these labelled chips instead of a fold (``fold`` must then be None);
+            ``selection`` says what they are in the stored block.
+        selection: a short description of ``chip_ids``.
+        temperature: store the fitted temperature (False: keep the raw probabilities).
+        ood: also store the ``ood`` block; False leaves a model's existing one as it is.
+        prototype_folds: folds whose labelled chips give the ``ood`` class prototypes; None:
+            every fold of splits.csv except ``fold`` (every labelled chip when ``fold`` is
+            None).
+        prototype_ids: the chips whose labels give the prototypes, instead of folds (e.g. a
+            validation slice); ``prototype_folds`` must then be None.
+        ood_quantile: fraction of the calibration chips the ``ood`` threshold flags.
+        batch_size: chip pairs per ONNX Runtime call.
+        progress: show a progress bar.
+    """
+
+    fold: int | None = None
+    chip_ids: Sequence[str] | None = None
+    selection: str = "given chips"
+    temperature: bool = True
+    ood: bool = True
+    prototype_folds: list[int] | None = None
+    prototype_ids: Sequence[str] | None = None
+    ood_quantile: float = OOD_QUANTILE
+    batch_size: int = 64
+    progress: bool = False
 
 
 def _prototype_chips(
@@ -109,28 +145,19 @@ def fit_ood(
     scorer,
     chips: str | Path,
     threshold_scored: Scored,
-    fold: int | None,
-    prototype_folds: list[int] | None = None,
-    quantile: float = OOD_QUANTILE,
-    batch_size: int = 64,
-    progress: bool = False,
-    prototype_ids: Sequence[str] | None = None,
+    options: CalibrationOptions | None = None,
 ) -> dict[str, Any]:
     """Class prototypes and the ``ood`` threshold of a model (the ``ood`` metadata prop).
 
     Args:
-        scorer: the model (:class:`local_damage.evaluation.scorers.OnnxScorer`).
+        scorer: the model (:class:`runtime.evaluation.scorers.OnnxScorer`).
         chips: the chip store.
-        threshold_scored: the model's outputs on the calibration chips (fold ``fold``); the
-            threshold is the ``quantile`` of their largest cosine to a prototype.
-        fold: the calibration fold (None: every labelled chip).
-        prototype_folds: folds whose labelled chips give the prototypes; None: every fold of
-            splits.csv except ``fold`` (every labelled chip when ``fold`` is None).
-        quantile: the fraction of calibration chips the threshold is meant to flag.
-        batch_size: chip pairs per ONNX Runtime call.
-        progress: show a progress bar.
-        prototype_ids: the chips whose labels give the prototypes, instead of folds (e.g. a
-            validation slice); ``prototype_folds`` must then be None.
+        threshold_scored: the model's outputs on the calibration chips (fold ``options.fold``);
+            the threshold is the ``options.ood_quantile`` quantile of their largest cosine to a
+            prototype.
+        options: the calibration fold, where the prototypes come from (``prototype_folds`` or
+            ``prototype_ids``), the quantile, batches and progress (default
+            ``CalibrationOptions()``; the temperature and chip selection are not used here).
 
     Returns:
         The block of :func:`runtime.flags.ood_block`.
@@ -140,16 +167,25 @@ def fit_ood(
             fold; both prototype folds and prototype chips.
     """
     chips = Path(chips)
+    options = options or CalibrationOptions()
+    fold, prototype_folds, prototype_ids = (
+        options.fold,
+        options.prototype_folds,
+        options.prototype_ids,
+    )
     if prototype_ids is not None:
         if prototype_folds is not None:
             raise CalibrationError("give prototype folds or prototype chips, not both")
         ids, selection = list(prototype_ids), f"{len(prototype_ids)} given chips of {chips}"
     else:
         ids, prototype_folds, selection = _prototype_chips(chips, fold, prototype_folds)
-    scored = scorer.score(chips, ids, views=1, batch_size=batch_size, progress=progress)
+    scored = scorer.score(
+        chips, ids, views=1, batch_size=options.batch_size, progress=options.progress
+    )
     names = list(scorer.class_names)
     protos, classes = class_prototypes(scored.z, scored.labels, len(names))
     scores = ood_scores(threshold_scored.z, protos)
+    quantile = options.ood_quantile
     threshold = ood_threshold(scores, quantile)
     return ood_block(
         protos,
@@ -188,40 +224,23 @@ def calibrate_model(
     model: str | Path,
     chips: str | Path,
     out: str | Path,
-    fold: int | None = None,
-    batch_size: int = 64,
-    progress: bool = False,
-    ood: bool = True,
-    prototype_folds: list[int] | None = None,
-    ood_quantile: float = OOD_QUANTILE,
-    chip_ids: Sequence[str] | None = None,
-    selection: str = "given chips",
-    prototype_ids: Sequence[str] | None = None,
-    temperature: bool = True,
+    options: CalibrationOptions | None = None,
 ) -> dict[str, Any]:
     """Fit a temperature to ``model`` on labelled chips and write the calibrated model to ``out``;
-    also store the class prototypes and ``ood`` threshold (:func:`fit_ood`) unless ``ood`` is
-    False. With ``temperature=False`` the model keeps its raw probabilities: the block stores
-    ``T = 1`` with ``method: raw``, the fitted temperature as ``fitted_temperature`` and what it
-    would have done as ``after_if_fitted`` (e.g. when a temperature judged on out-of-fold
-    predictions made some tiles worse: docs/experiments/cv.md).
+    also store the class prototypes and ``ood`` threshold (:func:`fit_ood`) unless
+    ``options.ood`` is False. With ``options.temperature`` False the model keeps its raw
+    probabilities: the block stores ``T = 1`` with ``method: raw``, the fitted temperature as
+    ``fitted_temperature`` and what it would have done as ``after_if_fitted`` (e.g. when a
+    temperature judged on out-of-fold predictions made some tiles worse: docs/experiments/cv.md).
 
     Args:
         model: an ONNX model written by ``local-damage export``.
         chips: a chip store cut with the model's chip spec.
         out: the ``.onnx`` file to write, under a temporary name first, then renamed (may be
             ``model`` itself, to calibrate in place).
-        fold: fit on the chips of this fold of ``chips/splits.csv``; None: every labelled chip.
-        batch_size: chip pairs per ONNX Runtime call.
-        progress: show a progress bar.
-        ood: also store the ``ood`` block; False leaves a model's existing one as it is.
-        prototype_folds: folds the prototypes come from (see :func:`fit_ood`).
-        ood_quantile: fraction of the calibration chips the ``ood`` threshold flags.
-        chip_ids: fit on these labelled chips instead of a fold (``fold`` must then be None);
-            ``selection`` says what they are in the stored block.
-        selection: a short description of ``chip_ids``.
-        prototype_ids: the chips the prototypes come from, instead of ``prototype_folds``.
-        temperature: store the fitted temperature (False: keep the raw probabilities).
+        options: the chips fitted on (a fold or given chips), whether the temperature and the
+            ``ood`` block are stored, where the prototypes come from, batches and progress
+            (default ``CalibrationOptions()``: every labelled chip, both stored).
 
     Returns:
         ``{"calibration": block, "ood": block or None}``: the ``calibration`` block stored in
@@ -232,7 +251,7 @@ def calibrate_model(
     Raises:
         EvaluationError: no model file, no manifest in ``chips``, ``fold`` given and no
             splits.csv or not one of its folds, or the selection holds no labelled chip
-            (:mod:`local_damage.evaluation.chips`).
+            (:mod:`runtime.evaluation.chips`).
         ModelError: the model is not a local-damage model.
         CalibrationError: ``out`` does not end in .onnx, a bad ood quantile or prototype
             selection, or no temperature fits.
@@ -240,21 +259,25 @@ def calibrate_model(
     import onnx
 
     model, chips, out = Path(model), Path(chips), Path(out)
+    options = options or CalibrationOptions()
+    fold = options.fold
     if out.suffix != ".onnx":
         raise CalibrationError(f"{out}: the model file name must end in .onnx")
-    if not 0 < ood_quantile < 1:
-        raise CalibrationError(f"the ood quantile must lie in (0, 1), got {ood_quantile}")
-    if prototype_ids is not None and prototype_folds is not None:
+    if not 0 < options.ood_quantile < 1:
+        raise CalibrationError(f"the ood quantile must lie in (0, 1), got {options.ood_quantile}")
+    if options.prototype_ids is not None and options.prototype_folds is not None:
         raise CalibrationError("give prototype folds or prototype chips, not both")
     scorer = OnnxScorer(model)
-    if chip_ids is None:
+    if options.chip_ids is None:
         chip_ids, description, unlabelled = _fold_chips(scorer, chips, fold)
     elif fold is not None:
         raise CalibrationError("give a calibration fold or calibration chips, not both")
     else:  # chips the caller chose (e.g. a validation slice); it answers for them
-        chip_ids, description, unlabelled = list(chip_ids), selection, 0
+        chip_ids, description, unlabelled = list(options.chip_ids), options.selection, 0
         warn_spec_mismatch(scorer, chips)
-    scored = scorer.score(chips, chip_ids, views=1, batch_size=batch_size, progress=progress)
+    scored = scorer.score(
+        chips, chip_ids, views=1, batch_size=options.batch_size, progress=options.progress
+    )
     try:
         fitted_t = fit_temperature(scored.logits, scored.labels)
     except ValueError as exc:
@@ -271,22 +294,12 @@ def calibrate_model(
         },
         before=_rounded(calibration_metrics(softmax(scored.logits), labels)),
         after=_rounded(calibration_metrics(softmax(scored.logits / fitted_t), labels)),
-        applied=temperature,
+        applied=options.temperature,
     )
     props: dict[str, Any] = {METADATA_KEY: block}
     ood_fit = None
-    if ood:
-        ood_fit = fit_ood(
-            scorer,
-            chips,
-            scored,
-            fold,
-            prototype_folds,
-            ood_quantile,
-            batch_size,
-            progress,
-            prototype_ids=prototype_ids,
-        )
+    if options.ood:
+        ood_fit = fit_ood(scorer, chips, scored, options)
         props[flags.METADATA_KEY] = ood_fit
     proto = onnx.load(str(model))
     set_metadata(proto, props)

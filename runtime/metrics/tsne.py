@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from data_prep.store import atomic_path
-from local_damage.metrics.representation import check_embeddings, check_labels
+from runtime.metrics.representation import check_embeddings, check_labels
 
 #: Class colours by class index, shared by every embedding plot: the first four run green to red
 #: along the damage scale (no-damage, minor, major, destroyed), the rest are distinct extras.

@@ -13,19 +13,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from data_prep.store import atomic_path
-from local_damage.metrics.representation import check_labels
-
-
-def harmonic_mean(values: ArrayLike) -> float:
-    """Harmonic mean of non-negative scores; 0 when any score is 0, NaN when there are none."""
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.size == 0:
-        return float("nan")
-    if np.any(arr < 0):
-        raise ValueError(f"harmonic mean needs non-negative values, got {arr.tolist()}")
-    if np.any(arr == 0):
-        return 0.0
-    return float(arr.size / np.sum(1.0 / arr))
+from data_prep.xview2 import xview2_harmonic_mean
+from runtime.metrics.representation import check_labels
 
 
 def classification_metrics(
@@ -40,8 +29,9 @@ def classification_metrics(
     but never predicted, takes part with F1 0.
 
     ``xview2_damage_f1`` is the harmonic mean of the per-class F1 scores, as the xView2 challenge
-    combines its four damage F1 scores; one class at F1 0 makes it exactly 0. (The challenge
-    scorer adds 1e-6 to each F1, which changes the value by less than 1e-5 otherwise.)
+    combines its four damage F1 scores (:func:`data_prep.xview2.xview2_harmonic_mean`, without
+    the challenge scorer's 1e-6 added to each F1, which changes the value by less than 1e-5);
+    one class at F1 0 makes it exactly 0.
 
     Args:
         y_true: [N] true class ids in [0, K).
@@ -76,7 +66,7 @@ def classification_metrics(
         "n": int(len(yt)),
         "accuracy": float(np.mean(yt == yp)),
         "macro_f1": float(np.mean(f1[present])),
-        "xview2_damage_f1": harmonic_mean(f1[present]),
+        "xview2_damage_f1": xview2_harmonic_mean(f1[present], epsilon=0.0),
         "per_class": {
             name: {
                 "precision": float(precision[c]),

@@ -23,8 +23,8 @@ import numpy as np
 
 from data_prep.masks import find_mask_tiles, fold_map, load_mask_tile, resize_image
 from data_prep.xbd_tiles import roots_label
-from local_damage.localize.errors import LocalizeError
 from runtime.contract import CPU_ONLY, open_session, read_metadata
+from runtime.localize_errors import LocalizeError
 
 Model = Callable[[np.ndarray], np.ndarray]
 
