@@ -149,6 +149,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "beside the model NAME.onnx, as shipped with the bundled model)",
     )
     p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="with --finetune/--semi: PyTorch threads (default: one per core; 1 is faster when "
+        "other work keeps the cores busy)",
+    )
+    p.add_argument(
         "--suggest",
         type=int,
         metavar="N",
@@ -242,8 +249,16 @@ def run(args: argparse.Namespace) -> int:
     if tune and args.out is None:
         raise UsageError("--finetune/--semi write a model: give --out")
     if args.out is not None and tune:
+        if args.threads is not None and args.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {args.threads}")
         result = finetune_model(
-            predictor, buildings, args.out, semi=args.semi, seed=args.seed, weights=args.weights
+            predictor,
+            buildings,
+            args.out,
+            semi=args.semi,
+            seed=args.seed,
+            weights=args.weights,
+            options=FinetuneOptions(seed=args.seed, threads=args.threads),
         )
     elif args.out is not None:
         result = adapt_model(

@@ -81,10 +81,10 @@ class FinetuneOptions:
     weight_decay: float = 1e-4
     batch_size: int = 32
     seed: int = 0
-    #: torch threads while fine-tuning (None: torch's default). One: on a shared 2-core
-    #: machine, two threads doubled the CPU time of a fine-tuning (spinning threads) and made
-    #: it slower, not faster.
-    threads: int | None = 1
+    #: torch threads while fine-tuning (None: torch's default, one per core). On an idle 2-core
+    #: machine two threads take 0.6 of one thread's time; on one whose cores other work keeps
+    #: busy, one thread is faster (two spin while they wait): ``adapt --threads 1``.
+    threads: int | None = None
     #: FixMatch on unlabelled buildings (:mod:`local_damage.adapt.semi`): confidence threshold,
     #: weight of the pseudo-label loss, unlabelled pairs per labelled pair in a step.
     confidence: float = 0.95

@@ -102,10 +102,13 @@ def split_network(net, blocks: int):
 def logits_features(net, top, f_pre, f_post):
     """What the classifier reads for trunk features ``f_pre``/``f_post``: the pooled (and, as
     the network does, normalised) pre and post representations, side by side."""
+    import torch
     import torch.nn.functional as F
 
-    r_pre = top(f_pre).mean(dim=(2, 3))
-    r_post = top(f_post).mean(dim=(2, 3))
+    # pre and post through the block in one call (eval-mode BatchNorm: no batch dependence),
+    # faster than two on a few cores
+    r = top(torch.cat([f_pre, f_post])).mean(dim=(2, 3))
+    r_pre, r_post = r[: len(f_pre)], r[len(f_pre) :]
     if net.cfg.normalize_r:
         r_pre, r_post = F.normalize(r_pre, dim=1), F.normalize(r_post, dim=1)
     return _cat([r_pre, r_post])
@@ -142,17 +145,28 @@ def prepare_chips(chips: np.ndarray, size: int):
 
 
 def trunk_features(trunk, pre, post, turns: Sequence[int] = range(8), batch: int = 64):
-    """Frozen features ``[T, 2, N, C, h, w]`` of every turn of the pairs (pre, post NCHW)."""
+    """Frozen features ``[T, 2, N, C, h, w]`` of every turn of the pairs (pre, post NCHW).
+
+    The trunk runs in channels-last memory layout, about a quarter faster on a CPU than the
+    default layout (the features are the same up to float rounding); it is left as it was."""
     import torch
 
     out = []
-    with torch.no_grad():
-        for t in turns:
-            both = []
-            for x in (pre, post):
-                parts = [trunk(dihedral(x[i : i + batch], t)) for i in range(0, len(x), batch)]
-                both.append(torch.cat(parts))
-            out.append(torch.stack(both))
+    fast = torch.channels_last
+    try:
+        trunk.to(memory_format=fast)
+        with torch.no_grad():
+            for t in turns:
+                both = []
+                for x in (pre, post):
+                    parts = [
+                        trunk(dihedral(x[i : i + batch], t).contiguous(memory_format=fast))
+                        for i in range(0, len(x), batch)
+                    ]
+                    both.append(torch.cat(parts).contiguous())
+                out.append(torch.stack(both))
+    finally:
+        trunk.to(memory_format=torch.contiguous_format)
     return torch.stack(out)
 
 
