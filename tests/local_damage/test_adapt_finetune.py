@@ -297,3 +297,31 @@ def test_the_app_panel_says_what_fine_tuning_kept_and_why(base, score_model, tmp
         assert f"network fine-tuned: **{block['finetune']['epochs']} epoch(s)**" in status
     else:
         assert "the base network was kept" in status and "0 epoch(s)" not in status
+
+
+def test_threads_below_one_is_refused_before_any_work(base, chips, tmp_path, capsys):
+    out = tmp_path / "x.onnx"
+    argv = ["adapt", "--model", base, "--chips", chips, "--finetune", "--out", out]
+    assert run_cli(*argv, "--threads", "0") == 2
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_trunk_features_are_those_of_the_default_layout():
+    """The frozen trunk runs channels-last for speed: its features are the default layout's (up
+    to float rounding), and the network is left in the default layout."""
+    import torch
+
+    from local_damage.adapt.network import trunk_features
+
+    torch.manual_seed(0)
+    trunk = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3, stride=2)
+    ).eval()
+    pre, post = torch.rand(5, 3, 16, 16), torch.rand(5, 3, 16, 16)
+    feats = trunk_features(trunk, pre, post, turns=range(2), batch=2)
+    with torch.no_grad():
+        expected = torch.stack([trunk(pre), trunk(post)])
+    assert feats.shape == (2, 2, 5, 4, 7, 7)
+    torch.testing.assert_close(feats[0], expected, rtol=1e-5, atol=1e-5)
+    assert all(p.is_contiguous() for p in trunk.parameters())
