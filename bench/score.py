@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.scoring.batch import read_scene_list, score_batch
+from app.scoring.batch import BatchPlan, read_scene_list, score_batch
 from app.scoring.common import ScoreOptions
 from bench.score_core import bench_one_core, format_one_core, large_scene
-from data_prep.engine import EngineError, open_client
+from data_prep.engine import Engine, EngineError, open_client
 from data_prep.errors import UsageError
 from data_prep.mosaic import SceneError
 from data_prep.synthetic_scene import make_scene
@@ -103,7 +103,9 @@ def bench_score(
         start = time.perf_counter()
         with open_client(w) as client, tempfile.TemporaryDirectory(prefix="bench-score-") as tmp:
             run_args = dict(
-                raster=raster, options=ScoreOptions(progress=False), workers=w, client=client
+                plan=BatchPlan(raster=raster),
+                options=ScoreOptions(progress=False),
+                engine=Engine(w, client=client),
             )
             # warm-up: start the workers and load the model in each before timing
             warm = scenes[: max(2 * w, 1)]
