@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from data_prep.alignment import ALIGN_MODES, AUTO, MIN_CORRECT_PX
-from data_prep.engine import SCHEDULER_ENV
+from data_prep.engine import SCHEDULER_ENV, Engine
 from data_prep.errors import UsageError
 from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV, max_pixels
 from data_prep.spec import ChipSpec
@@ -128,6 +128,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, jobs: str) -> None:
         help=f"run on an existing Dask cluster, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV} "
         "when set, else the embedded cluster); its workers must see the same paths",
     )
+
+
+def engine_of(args: argparse.Namespace) -> Engine:
+    """The :class:`data_prep.engine.Engine` of :func:`add_engine_arguments`' options."""
+    return Engine(workers=args.workers, scheduler=args.scheduler)
 
 
 def add_xbd_args(

@@ -24,10 +24,10 @@ from cli.options import (
     add_spec_args,
     add_xbd_args,
     align_argument,
+    engine_of,
     max_pixels_argument,
     resolve_max_pixels,
 )
-from data_prep.engine import Engine
 from data_prep.report import PrepareReport
 from data_prep.scene_store import SceneOptions, prepare_scene
 from data_prep.spec import ChipSpec
@@ -37,10 +37,6 @@ from data_prep.xbd import XbdOptions, prepare_xbd
 
 def _spec(args: argparse.Namespace) -> ChipSpec:
     return ChipSpec(chip_size=args.chip_size, context=args.context, min_size=args.min_size)
-
-
-def _engine(args: argparse.Namespace) -> Engine:
-    return Engine(workers=args.workers, scheduler=args.scheduler)
 
 
 def _finish(report: PrepareReport, args: argparse.Namespace) -> int:
@@ -92,7 +88,7 @@ def _cut_xbd(args: argparse.Namespace, roots: list[str], max_pixels: int) -> Pre
         args.out,
         spec=_spec(args),
         options=options,
-        engine=_engine(args),
+        engine=engine_of(args),
         progress=False if args.quiet else None,
     )
 
@@ -112,7 +108,7 @@ def _run_prepare_scene(args: argparse.Namespace) -> int:
                 max_pixels=max_pixels,
                 align=args.align,
             ),
-            engine=_engine(args),
+            engine=engine_of(args),
             progress=not args.quiet,
         ),
     )

@@ -29,10 +29,10 @@ from cli.options import (
     add_output_args,
     add_report_args,
     align_argument,
+    engine_of,
     max_pixels_argument,
     resolve_max_pixels,
 )
-from data_prep.engine import Engine
 from data_prep.errors import UsageError
 from runtime.contract import ModelError
 from runtime.grading import check_cost
@@ -248,7 +248,7 @@ def _run_score_batch(args: argparse.Namespace) -> int:
             BatchPlan(args.format, args.raster, args.overlay, args.map, args.resume, shard),
             options=_options(args, max_pixels),
             localizer=localizer,
-            engine=Engine(args.workers, args.scheduler),
+            engine=engine_of(args),
             problems=problems,
         )
     print(report.summary(), file=sys.stderr)

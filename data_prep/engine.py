@@ -73,17 +73,20 @@ class Engine:
     scheduler: str | None = None
     client: Any = None
 
+    def worker_count(self, jobs: int | None = None) -> int:
+        """Worker processes of the embedded cluster for ``jobs`` jobs: ``workers`` (None: one
+        per core), at most ``jobs`` so that no worker starts idle, at least one."""
+        workers = default_workers() if self.workers is None else int(self.workers)
+        return workers if jobs is None else max(min(workers, int(jobs)), 1)
+
     @contextmanager
     def open(self, jobs: int | None = None) -> Iterator[Any]:
         """The client to hand :func:`map_jobs`: the given ``client``, else :func:`open_client` of
-        ``workers`` (at most ``jobs``, so no worker starts idle) and ``scheduler``."""
+        :meth:`worker_count` and ``scheduler``."""
         if self.client is not None:
             yield self.client
             return
-        workers = default_workers() if self.workers is None else int(self.workers)
-        if jobs is not None:
-            workers = max(min(workers, int(jobs)), 1)
-        with open_client(workers, self.scheduler) as client:
+        with open_client(self.worker_count(jobs), self.scheduler) as client:
             yield client
 
 

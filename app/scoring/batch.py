@@ -30,7 +30,6 @@ from data_prep.engine import (
     Bar,
     Engine,
     JobFailed,
-    default_workers,
     describe,
     map_jobs,
     scheduler_address,
@@ -540,8 +539,7 @@ def _done_reports(entries, out_dir, plan: BatchPlan, class_names) -> None:
 
 def _run_tasks(todo, predictor, localizer, progress, engine: Engine) -> list:
     """The results of :func:`_score_task` over ``todo``: here, or as Dask jobs."""
-    workers = default_workers() if engine.workers is None else int(engine.workers)
-    workers = max(min(workers, len(todo)), 1)  # no idle workers to start
+    workers = engine.worker_count(len(todo))
     with engine.open(len(todo)) as cluster:
         if cluster is None:  # in this process, with the loaded models and per-scene bars
             results = map_jobs(
