@@ -29,6 +29,7 @@ from app.adapt.model import (
     network_block,
     write_adapted,
 )
+from app.adapt.recalibrate import recalibrate
 from app.adapt.suggest import COLUMNS, suggest, write_suggestions
 from app.web.sessions import import_corrections
 from cli.options import (
@@ -388,13 +389,15 @@ def finetune_model(
         "unlabelled": 0 if unl is None else len(unl),
         **({"fixmatch": {"confidence": options.confidence, **result.semi}} if semi else {}),
     }
+    t0 = 1.0 if result.epochs else base_of(base_meta)[0]
     fit = NetworkFit(
         method if result.epochs else "base",
         int(result.net.cfg.embed_dim),
         cv,
         result.seconds,
         details,
-        1.0 if result.epochs else base_of(base_meta)[0],
+        t0,
+        recalibrate(result.oof_logits / t0, labelled.labels, seed),
     )
     block = network_block(fit, names, predictor.path, base_meta, labelled.counts(names))
     if not result.epochs:  # the base network kept: its own graph, exactly

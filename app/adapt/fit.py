@@ -32,7 +32,8 @@ labelled classes by the head: ``p(c) = m_L * q(c)`` for ``c`` in ``L``, where
 
 Where it lives: the ``adaptation`` metadata prop of the model file (:mod:`app.adapt.model`),
 read by :class:`runtime.predictor.Predictor`, which returns the head's scores as ``logits`` and their
-softmax (divided by the ``calibration`` temperature, 1 as written by ``adapt``) as the
+softmax (divided by the ``calibration`` temperature: ``adapt`` recalibrates it on the labels,
+:mod:`app.adapt.recalibrate`) as the
 probabilities. The graph is the base model's, so its embedding, change map and the ``ood`` flag
 are unchanged, and adapting an adapted model refits the head from the graph's raw output (it
 replaces the head, it does not stack a second one).
@@ -49,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from app.adapt.recalibrate import Recalibration, recalibrate
 from data_prep.errors import LocalDamageError
 from runtime.head import Head, log_softmax, unit
 from runtime.selection import INTACT, RULE, clearly_better
@@ -296,6 +298,8 @@ class Adaptation:
             was left out for too few labels.
         train: the chosen head's figures on the labels it was fitted on, and the base model's.
         seconds: wall time of cross-validation and the final fit.
+        recalibration: the temperature fitted on the chosen head's out-of-fold probabilities
+            (:mod:`app.adapt.recalibrate`); None: not fitted.
     """
 
     head: Head
@@ -303,6 +307,7 @@ class Adaptation:
     train: dict[str, Any]
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    recalibration: Recalibration | None = None
 
 
 def adapt_head(
@@ -387,6 +392,7 @@ def adapt_head(
     scheme, folds = _splits(y, seed)
     candidates: dict[str, dict[str, float]] = {}
     losses: dict[str, np.ndarray] = {}
+    oofs: dict[str, np.ndarray] = {}
     fitted: dict[str, Head] = {}
     # Hundreds of tiny fits: BLAS threads cost far more than they give on them (on 2 busy cores,
     # 40 labels took 10-30 times as long with them), so the fits run on one thread.
@@ -403,9 +409,11 @@ def adapt_head(
                 )
                 oof[test] = head.log_probabilities(lo[test], z[test])
             candidates[name] = _metrics(oof, y)
+            oofs[name] = oof
             losses[name] = -np.clip(oof[np.arange(len(y)), y], -50.0, 0.0)
     best = choose(candidates, losses, names)
     head = fitted[best]
+    recalibration = recalibrate(oofs[best], y, seed)
     seconds = time.perf_counter() - start
     train = {
         "chosen": _metrics(head.log_probabilities(lo, z), y),
@@ -414,7 +422,7 @@ def adapt_head(
     cv: dict[str, Any] = {"scheme": scheme, "candidates": candidates}
     if not_tried:
         cv["not_tried"] = not_tried
-    return Adaptation(head, cv, train, seconds, {"fitted": fitted})
+    return Adaptation(head, cv, train, seconds, {"fitted": fitted}, recalibration)
 
 
 def _parse(name: str) -> tuple[str, str]:

@@ -25,6 +25,7 @@ from app.adapt.fit import (
     BaseModel,
     adapt_head,
 )
+from app.adapt.recalibrate import recalibration_text
 from data_prep.store import atomic_path
 from runtime.contract import set_metadata
 from runtime.head import METADATA_KEY, Head
@@ -109,6 +110,7 @@ def adaptation_block(
         "cv": adaptation.cv,
         "fit": adaptation.train,
         "fit_seconds": round(adaptation.seconds, 4),
+        **_recalibration_member(adaptation.recalibration),
         "labels": dict(labels),
         "base_model": base_model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -128,19 +130,38 @@ def unlabelled_rule(head) -> str:
     )
 
 
+def _recalibration_member(recalibration) -> dict[str, Any]:
+    """``{"recalibration": ...}`` of an ``adaptation`` block (empty when none was fitted)."""
+    if recalibration is None:
+        return {}
+    if not isinstance(recalibration, Mapping):
+        recalibration = recalibration.to_dict()
+    return {"recalibration": dict(recalibration)}
+
+
 def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``calibration`` prop of an adapted model: ``T = 1`` on the head's output (the base
-    model's temperature is applied inside the head, to the base probabilities it reads)."""
+    """The ``calibration`` prop of an adapted model: the temperature ``adapt`` fitted on the
+    labels (:mod:`app.adapt.recalibrate`), on the kept model's output, or ``T = 1`` when it
+    kept the probabilities as they were (the base model's temperature is applied inside the
+    head, to the base probabilities it reads)."""
+    r = block.get("recalibration") or {}
+    t = float(r.get("temperature", 1.0)) if r.get("kept") else 1.0
+    base = (
+        f"the base model's T = {block['head']['base_temperature']:.4g} is applied inside the head"
+    )
+    selection = (
+        f"fitted on the out-of-fold probabilities of the {r.get('n')} labels (adapt's "
+        f"recalibration); {base}"
+        if r.get("kept")
+        else f"the adapted model's probabilities are used as fitted; {base}"
+    )
+    ece = r.get("ece") if r.get("kept") else None
     return {
         "method": "temperature scaling",
-        "temperature": 1.0,
-        "fitted_on": {
-            "selection": "the adapted head's probabilities are used as fitted; the base "
-            f"model's T = {block['head']['base_temperature']:.4g} is applied inside the head",
-            "n": block["labels"].get("n"),
-        },
-        "before": None,
-        "after": None,
+        "temperature": t,
+        "fitted_on": {"selection": selection, "n": block["labels"].get("n")},
+        "before": {"ece_cross_fitted": ece[0]} if ece else None,
+        "after": {"ece_cross_fitted": ece[1]} if ece else None,
         "adapted": True,
     }
 
@@ -148,8 +169,8 @@ def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
 def write_adapted(
     base: str | os.PathLike, out: str | os.PathLike, block: Mapping[str, Any]
 ) -> Path:
-    """Write a copy of ``base`` carrying ``block`` (and a ``calibration`` prop with ``T = 1``),
-    atomically; the graph is unchanged. Returns ``out``.
+    """Write a copy of ``base`` carrying ``block`` (and its ``calibration`` prop,
+    :func:`calibration_after_adapt`), atomically; the graph is unchanged. Returns ``out``.
 
     Raises:
         AdaptError: ``out`` does not end in .onnx.
@@ -201,9 +222,9 @@ def format_adaptation(block: Mapping[str, Any]) -> str:
         )
     for method, why in (cv.get("not_tried") or {}).items():
         lines.append(f"  {method:<15} not tried: {why}")
-    text = unlabelled_text(block)
-    if text:
-        lines.append(text)
+    for text in (unlabelled_text(block), recalibration_text(block)):
+        if text:
+            lines.append(text)
     return "\n".join(lines)
 
 
@@ -333,6 +354,8 @@ class NetworkFit:
         details: the ``finetune`` block: epochs, options, the choice.
         base_temperature: ``T0`` of the identity head (1 for a fine-tuned network; the base
             model's own when the base network was kept).
+        recalibration: the temperature fitted on the kept network's out-of-fold probabilities
+            (:class:`app.adapt.recalibrate.Recalibration` or its dict); None: not fitted.
     """
 
     method: str
@@ -341,6 +364,7 @@ class NetworkFit:
     seconds: float
     details: Mapping[str, Any]
     base_temperature: float = 1.0
+    recalibration: Any = None
 
 
 def network_block(
@@ -386,6 +410,7 @@ def network_block(
         "cv": dict(fit.cv),
         "finetune": dict(fit.details),
         "fit_seconds": round(float(fit.seconds), 3),
+        **_recalibration_member(fit.recalibration),
         "labels": dict(labels),
         "base_model": base_model,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from app.adapt.corrections import from_session, from_store
 from app.adapt.labelled import LabelError
 from app.adapt.model import adapt_model, format_finetune, unlabelled_text
+from app.adapt.recalibrate import recalibration_text
 from app.adapt.suggest import suggest
 from app.web.sessions import (
     AppError,
@@ -153,9 +154,9 @@ class EventAdaptation:
                 f"{base['macro_f1']:.3f}), log-loss {chosen['nll']:.3f} (base {base['nll']:.3f})"
             )
 
-        kept = unlabelled_text(block, "correction yet")
-        if kept:
-            lines.append(f"- {kept}")
+        for text in (unlabelled_text(block, "correction yet"), recalibration_text(block)):
+            if text:
+                lines.append(f"- {text}")
         if labels["n"] < FEW_LABELS:
             lines.append(
                 f"- few corrections: on events a model had not seen, the gain from fewer than "

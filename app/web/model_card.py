@@ -85,7 +85,8 @@ def _calibration_text(block: Any) -> str:
         return "none: the probabilities are the plain softmax of the logits, likely over-confident"
     fitted = block.get("fitted_on") or {}
     if block.get("adapted"):
-        return f"T = 1 on the adapted head's output: {_text(fitted.get('selection'))}"
+        t = float(block.get("temperature") or 1.0)
+        return f"T = {_text(t)} on the adapted model's output: {_text(fitted.get('selection'))}"
     if block.get("method") == RAW_METHOD:
         text = (
             "none applied on purpose: the plain softmax of the logits (T = 1) was kept; a "

@@ -105,6 +105,9 @@ class FinetuneResult:
         scheme: the cross-validation, in words.
         seconds: wall time of the cross-validation and the final training.
         semi: FixMatch figures (share of unlabelled pairs above the confidence), when used.
+        oof_logits: ``[N, K]`` raw logits of every label by the fold model that did not train on
+            it, at the kept epoch (the base network's for 0): what ``adapt`` recalibrates the
+            kept network's probabilities on (:mod:`app.adapt.recalibrate`).
     """
 
     net: Any
@@ -115,6 +118,7 @@ class FinetuneResult:
     scheme: str = ""
     clear: dict[str, Any] = field(default_factory=dict)
     semi: dict[str, Any] = field(default_factory=dict)
+    oof_logits: np.ndarray | None = None
 
 
 def weights_beside(model: str | Path) -> Path:
@@ -291,6 +295,7 @@ def finetune(
         nll = np.zeros((n_ep + 1, len(y)))
         f1 = np.zeros((n_ep + 1, FOLDS))
         right = np.zeros((n_ep + 1, len(y)))
+        oof = np.zeros((n_ep + 1, len(y), base.cfg.num_classes))
         folds = _folds(y, options.seed)
         for j, (tr, te) in enumerate(folds):
             fold = copy.deepcopy(base)
@@ -300,6 +305,7 @@ def finetune(
                 with torch.no_grad():
                     logits = logits_of(fold, ftop, feats[0, 0, te], feats[0, 1, te])
                 nll[e, te], f1[e, j], right[e, te] = _metrics(logits, y[te])
+                oof[e, te] = logits.double().numpy()
 
             record(0)
             seed = options.seed + j
@@ -344,6 +350,7 @@ def finetune(
             f"{len(folds)}-fold (seed {options.seed})",
             {"best_epoch": best, "gain": round(g, 6), "gain_se": round(se, 6), "clear": ok},
             semi,
+            oof[epochs],
         )
     finally:
         torch.set_num_threads(threads)

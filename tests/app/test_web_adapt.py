@@ -83,9 +83,12 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     assert block["base_model"]["file"] == score_model.name
     assert any(str(result.session) in s for s in block["labels"]["sources"])
     status = done.status()
+    r = block["recalibration"]
     assert f"{len(corrected)} corrected buildings of event **synthetic-flood**" in status
     assert f"head: **{block['method']}**" in status and "base model" in status
     assert "few corrections" in status  # fewer than 20
+    assert ("probabilities recalibrated" in status) == r["kept"]
+    assert ("probabilities kept as they were" in status) != r["kept"]
 
     # the adapted model grades the corrected buildings as corrected more often, and more surely
     labels = event_labels(predictor, work, "synthetic-flood").buildings
@@ -98,8 +101,10 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
 
     # never worse: a head replaces the base model only when it beats it clearly on the
     # cross-validation of these few corrections; otherwise the base model is written as it was
+    # (at the temperature recalibrated on the corrections, when one was kept)
     if block["method"] == "base":
-        np.testing.assert_allclose(new, old, atol=1e-5)
+        tempered = old ** (1.0 / (r["temperature"] if r["kept"] else 1.0))
+        np.testing.assert_allclose(new, tempered / tempered.sum(1, keepdims=True), atol=1e-5)
         assert not any(c["clear"] for c in block["cv"]["candidates"].values())
     else:
         assert block["cv"]["candidates"][block["method"]]["clear"]

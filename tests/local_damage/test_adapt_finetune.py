@@ -49,6 +49,10 @@ def test_finetune_writes_a_model_that_grades_the_labels_better(base, chips, stor
     assert len(curve) == block["finetune"]["max_epochs"] + 1
     assert curve[block["finetune"]["epochs"]]["nll"] < curve[0]["nll"]
     assert block["labels"]["n"] == int(store.labelled.sum())
+    # the recalibration was fitted on the kept epoch's out-of-fold logits of every label
+    r = block["recalibration"]
+    assert r["n"] == block["labels"]["n"]
+    assert tuned.metadata["calibration"]["temperature"] == (r["temperature"] if r["kept"] else 1.0)
     assert "ood" not in tuned.metadata  # the base network's prototypes do not describe it
     y = store.labels
     before = Predictor(base).predict(store.pre, store.post).probabilities
@@ -80,7 +84,13 @@ def test_labels_that_say_nothing_keep_the_base_network(base, store, tmp_path):
     assert result.block["method"] == "base"
     a = Predictor(base).predict(store.pre, store.post).probabilities
     b = Predictor(out).predict(store.pre, store.post).probabilities
-    np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_array_equal(a.argmax(1), b.argmax(1))
+    # the probabilities are the base's, at the temperature recalibrated on the labels if kept
+    r = result.block["recalibration"]
+    assert r["n"] == n
+    t = r["temperature"] if r["kept"] else 1.0
+    expected = np.exp(np.log(a) / t)
+    np.testing.assert_allclose(expected / expected.sum(1, keepdims=True), b, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -185,6 +195,7 @@ def test_finetune_tells_the_analyst_what_happened(base, chips, tmp_path, capsys)
     assert "cross-validation (" in err and "<- chosen" in err
     assert "held-out curve over epochs" in err and "epoch  0" in err
     assert "kept:" in err and f"wrote {out}" in err
+    assert "probabilities recalibrated on the labels" in err or "probabilities kept as" in err
     assert len([ln for ln in err.splitlines() if ln.strip().startswith("epoch ")]) == len(
         block["cv"]["curve"]
     )

@@ -1,0 +1,155 @@
+"""The probabilities of an adapted model recalibrated on the new event's own labels (no torch).
+
+On a disaster it never saw, a model is over-confident by a wide margin: the Michael-free base of
+docs/experiments/fewshot.md grades Hurricane Michael with a mean top probability of 0.86 at
+accuracy 0.52 (ECE 0.34), where its tile folds, like the imagery it trained on, asked for a
+temperature of about 1.4. A temperature fitted on the seen events does not hold on a new one;
+one fitted on a few labels of the new event does (docs/experiments/generalisation.md). So
+``adapt`` (heads and fine-tuning alike) fits temperature scaling (Guo et al. 2017;
+:func:`runtime.calibration.fit_temperature`) on the labels it was given:
+
+- on **out-of-fold** log-probabilities of the model it kept: the head's cross-validation, or
+  fine-tuning's at the kept epoch (the base model's own log-probabilities when it was kept; no
+  label shaped them), so the labels were not used to make the probabilities they calibrate;
+- kept only when it **softens** (``T > 1``: a few labels may show that the model is
+  over-confident on the event; sharpening it from a few labels that it happens to get right is
+  not taken), from at least :data:`MIN_LABELS` labels, and when its **cross-fitted** NLL (``T``
+  fitted on four fifths of the labels, judged on the fifth, :data:`FOLDS` folds) beats the
+  probabilities as they are clearly, by the rule of :func:`runtime.selection.gain`
+  (:data:`runtime.selection.NEAR_TIE_NATS` and :data:`runtime.selection.NEAR_TIE_SE`).
+
+The temperature divides the kept model's scores (the ``calibration`` prop the adapted model
+carries; :class:`runtime.predictor.Predictor` applies it), so every grade is unchanged: only the
+probabilities, the confidence flags read from them, and what an analyst can trust them for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from runtime.calibration import CalibrationError, fit_temperature
+from runtime.metrics.calibration import expected_calibration_error
+from runtime.selection import NEAR_TIE_NATS, NEAR_TIE_SE, gain
+
+#: Fewer labels than this: the probabilities are kept as they are.
+MIN_LABELS = 10
+#: Folds of the cross-fitting that judges the temperature.
+FOLDS = 5
+
+
+@dataclass(frozen=True)
+class Recalibration:
+    """The temperature ``adapt`` fitted on the labels, and whether the adapted model applies it.
+
+    Attributes:
+        temperature: what the adapted model divides its scores by (1: kept as they were).
+        fitted: the temperature fitted on every label (None: no fit had an interior optimum,
+            or too few labels).
+        kept: whether ``temperature`` is ``fitted``.
+        why: the reason, in words.
+        n: the labels.
+        nll: the cross-fitted mean NLL per label ``(as they are, recalibrated)``.
+        ece: the cross-fitted ECE ``(as they are, recalibrated)``.
+        gain, gain_se: the mean NLL gain per label and its standard error.
+    """
+
+    temperature: float
+    fitted: float | None
+    kept: bool
+    why: str
+    n: int
+    nll: tuple[float, float] | None = None
+    ece: tuple[float, float] | None = None
+    gain: float | None = None
+    gain_se: float | None = None
+
+    def to_dict(self) -> dict:
+        """The ``recalibration`` member of the ``adaptation`` block."""
+        out = asdict(self)
+        for key in ("nll", "ece"):
+            if out[key] is not None:
+                out[key] = [round(float(v), 6) for v in out[key]]
+        for key in ("temperature", "fitted", "gain", "gain_se"):
+            if out[key] is not None:
+                out[key] = round(float(out[key]), 6)
+        return out
+
+
+def _log_softmax(x: np.ndarray, t: float) -> np.ndarray:
+    z = x / t
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _fit(scores: np.ndarray, y: np.ndarray) -> float | None:
+    try:
+        return fit_temperature(scores, y)
+    except CalibrationError:  # separable labels, or scores that say nothing about them
+        return None
+
+
+def recalibrate(scores, labels, seed: int = 0) -> Recalibration:
+    """The temperature of the kept model's probabilities on the labels (module docstring).
+
+    Args:
+        scores: ``[N, K]`` out-of-fold log-probabilities (or logits) of the labelled buildings
+            by the model ``adapt`` kept.
+        labels: ``[N]`` their class ids.
+        seed: seed of the cross-fitting folds.
+    """
+    from sklearn.model_selection import KFold
+
+    x = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    n = len(y)
+    if n < MIN_LABELS:
+        return Recalibration(1.0, None, False, f"{n} labels, fewer than {MIN_LABELS}", n)
+    fitted = _fit(x, y)
+    if fitted is None:
+        return Recalibration(1.0, None, False, "no temperature fits these labels", n)
+    before, after = np.zeros(n), np.zeros(n)
+    p_before, p_after = np.zeros_like(x), np.zeros_like(x)
+    for train, test in KFold(FOLDS, shuffle=True, random_state=seed).split(x):
+        t = _fit(x[train], y[train]) or 1.0
+        lp0, lp1 = _log_softmax(x[test], 1.0), _log_softmax(x[test], t)
+        rows = np.arange(len(test))
+        before[test] = -lp0[rows, y[test]]
+        after[test] = -lp1[rows, y[test]]
+        p_before[test], p_after[test] = np.exp(lp0), np.exp(lp1)
+    g, se = gain(before, after)
+    figures = {
+        "nll": (float(before.mean()), float(after.mean())),
+        "ece": (expected_calibration_error(p_before, y), expected_calibration_error(p_after, y)),
+        "gain": g,
+        "gain_se": se,
+    }
+    if fitted <= 1.0:
+        why = f"T = {fitted:.3g} would sharpen the probabilities; only softening is taken"
+        return Recalibration(1.0, fitted, False, why, n, **figures)
+    if not (g > NEAR_TIE_NATS and g > NEAR_TIE_SE * se):
+        why = f"T = {fitted:.3g} did not lower the cross-fitted NLL clearly"
+        return Recalibration(1.0, fitted, False, why, n, **figures)
+    why = "the probabilities were over-confident on these labels; the cross-fitted NLL fell clearly"
+    return Recalibration(fitted, fitted, True, why, n, **figures)
+
+
+def recalibration_text(block) -> str | None:
+    """What the recalibration did, in a line (None: the block has none)."""
+    r = (block or {}).get("recalibration")
+    if not r:
+        return None
+    if r.get("ece"):
+        figures = (
+            f" (cross-validated ECE {r['ece'][0]:.3f} -> {r['ece'][1]:.3f}, NLL "
+            f"{r['nll'][0]:.3f} -> {r['nll'][1]:.3f})"
+        )
+    else:
+        figures = ""
+    if r.get("kept"):
+        return (
+            f"probabilities recalibrated on the labels: T = {r['temperature']:.3g}{figures}; "
+            "grades unchanged"
+        )
+    return f"probabilities kept as they were: {r['why']}{figures}"
