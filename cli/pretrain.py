@@ -55,6 +55,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="augment",
         help="augment: two augmentations of one crop (default); prepost: pre and post of the same xBD window",
     )
+    p.add_argument(
+        "--augment",
+        choices=("light", "simclr"),
+        default="light",
+        help="light: crops of 0.4-1 of the area, brightness and contrast +-30%% (default, the "
+        "recorded runs); simclr: SimCLR's strength (crops of 0.08-1, colour jitter with "
+        "saturation and hue, blur)",
+    )
     p.add_argument("--crop", type=int, default=128, help="crop side in source pixels (128)")
     p.add_argument(
         "--input-size", type=int, default=64, help="view side the crops are resized to (64)"
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             lam=args.lam,
             temperature=args.temperature,
             views=args.views,
+            augment=args.augment,
             crop=args.crop,
             input_size=args.input_size,
             batch_size=args.batch_size,

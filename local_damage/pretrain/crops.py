@@ -156,15 +156,39 @@ class CropPool:
         return np.stack(a), np.stack(b)
 
 
-def augment(
-    crops: np.ndarray, size: int, generator: torch.Generator, min_scale: float = 0.4
-) -> torch.Tensor:
-    """SimCLR-style views of uint8 crops ``[N, C, C, 3]`` as float ``[N, 3, size, size]`` (0-255).
+#: How strongly :func:`augment` changes a view: ``light`` (crops of 0.4-1 of the area, brightness
+#: and contrast +-30%), the augmentation of the recorded pretraining runs; ``simclr``, the strength
+#: of SimCLR (Chen et al. 2020, appendix A), which its ablations found the contrastive task needs.
+AUGMENT_STRENGTHS = ("light", "simclr")
 
-    Per crop: a random square sub-window of ``min_scale`` to 1 of the area, resized to ``size``
-    (bilinear, antialiased); a random flip and quarter turn; brightness and contrast jitter of
-    up to 30%; grey with probability 0.2.
+
+def augment(
+    crops: np.ndarray,
+    size: int,
+    generator: torch.Generator,
+    min_scale: float | None = None,
+    strength: str = "light",
+) -> torch.Tensor:
+    """Augmented views of uint8 crops ``[N, C, C, 3]`` as float ``[N, 3, size, size]`` (0-255).
+
+    Per crop, ``light``: a random square sub-window of ``min_scale`` (0.4) to 1 of the area,
+    resized to ``size`` (bilinear, antialiased); a random flip and quarter turn (overhead imagery
+    has no up); brightness and contrast jitter of up to 30%; grey with probability 0.2.
+
+    ``simclr``: a sub-window of 0.08 (``min_scale``) to 1 of the area with an aspect ratio of
+    3/4 to 4/3, resized to ``size``; the flip and quarter turn; with probability 0.8 colour
+    jitter of SimCLR's strength 1 (brightness, contrast and saturation by a factor of 0.2-1.8,
+    hue turned by up to 0.2 of the circle, as a rotation of the YIQ chroma plane); grey with
+    probability 0.2; with probability 0.5 a Gaussian blur of sigma 0.1-2 (kernel a tenth of
+    ``size``, odd; :func:`torchvision.transforms.functional.gaussian_blur`).
     """
+    if strength not in AUGMENT_STRENGTHS:
+        raise PretrainError(
+            f"unknown augmentation {strength!r}; expected one of {', '.join(AUGMENT_STRENGTHS)}"
+        )
+    strong = strength == "simclr"
+    if min_scale is None:
+        min_scale = 0.08 if strong else 0.4
     x = torch.from_numpy(np.ascontiguousarray(crops)).permute(0, 3, 1, 2).float()
     out = []
     side = x.shape[-1]
@@ -173,17 +197,47 @@ def augment(
         return lo + (hi - lo) * float(torch.rand(1, generator=generator))
 
     for img in x:
-        s = max(8, int(round(side * math.sqrt(u(min_scale, 1.0)))))
-        y0 = int(torch.randint(0, side - s + 1, (1,), generator=generator))
-        x0 = int(torch.randint(0, side - s + 1, (1,), generator=generator))
-        v = img[:, y0 : y0 + s, x0 : x0 + s][None]
+        area = u(min_scale, 1.0)
+        ratio = math.exp(u(math.log(3 / 4), math.log(4 / 3))) if strong else 1.0
+        h = min(side, max(8, int(round(side * math.sqrt(area / ratio)))))
+        w = min(side, max(8, int(round(side * math.sqrt(area * ratio)))))
+        y0 = int(torch.randint(0, side - h + 1, (1,), generator=generator))
+        x0 = int(torch.randint(0, side - w + 1, (1,), generator=generator))
+        v = img[:, y0 : y0 + h, x0 : x0 + w][None]
         v = F.interpolate(v, size=(size, size), mode="bilinear", antialias=True)[0]
         if u(0, 1) < 0.5:
             v = v.flip(-1)
         v = torch.rot90(v, int(torch.randint(0, 4, (1,), generator=generator)), dims=(1, 2))
-        mean = v.mean()
-        v = (v - mean) * u(0.7, 1.3) + mean * u(0.7, 1.3)
+        if strong:
+            if u(0, 1) < 0.8:
+                v = _colour_jitter(v, u)
+        else:
+            mean = v.mean()
+            v = (v - mean) * u(0.7, 1.3) + mean * u(0.7, 1.3)
         if u(0, 1) < 0.2:
             v = v.mean(dim=0, keepdim=True).expand(3, -1, -1)
+        if strong and u(0, 1) < 0.5:
+            from torchvision.transforms.functional import gaussian_blur
+
+            k = max(3, (size // 10) | 1)
+            v = gaussian_blur(v[None], [k, k], [u(0.1, 2.0)] * 2)[0]
         out.append(v.clamp(0, 255))
     return torch.stack(out)
+
+
+#: RGB -> YIQ (NTSC); the hue of a pixel is the angle of its (I, Q) chroma.
+_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+
+
+def _colour_jitter(v: torch.Tensor, u) -> torch.Tensor:
+    """SimCLR's colour jitter of strength 1 on one float view ``[3, H, W]`` (0-255)."""
+    v = v * u(0.2, 1.8)  # brightness
+    grey = v.mean()
+    v = (v - grey) * u(0.2, 1.8) + grey  # contrast
+    luma = (v * torch.tensor([0.299, 0.587, 0.114])[:, None, None]).sum(0, keepdim=True)
+    v = luma + (v - luma) * u(0.2, 1.8)  # saturation
+    angle = 2 * math.pi * u(-0.2, 0.2)  # hue
+    c, s = math.cos(angle), math.sin(angle)
+    turn = torch.tensor([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+    m = torch.linalg.inv(_YIQ) @ turn @ _YIQ
+    return torch.einsum("ij,jhw->ihw", m, v.clamp(0, 255))

@@ -26,6 +26,7 @@ from data_prep.store import atomic_path, write_json
 from local_damage.data import normalize
 from local_damage.models.encoders import build_encoder, feature_channels
 from local_damage.pretrain.crops import (
+    AUGMENT_STRENGTHS,
     VIEW_MODES,
     CropPool,
     PretrainError,
@@ -52,6 +53,8 @@ class PretrainConfig:
         views: ``"augment"`` (two augmentations of one crop) or ``"prepost"`` (pre and post of
             the same window of an xBD tile).
         crop: window side in source pixels; input_size: side the views are resized to.
+        augment: how strongly each view is changed: ``light`` or ``simclr``
+            (:data:`~local_damage.pretrain.crops.AUGMENT_STRENGTHS`).
         batch_size: view pairs per step; steps: optimiser steps.
         lr, weight_decay: AdamW.
         proj_hidden, embed_dim: the projection head (dropped after pretraining).
@@ -69,6 +72,7 @@ class PretrainConfig:
     views: str = "augment"
     crop: int = 128
     input_size: int = 64
+    augment: str = "light"
     batch_size: int = 32
     steps: int = 1000
     lr: float = 1e-3
@@ -85,6 +89,10 @@ class PretrainConfig:
         if self.loss not in PRETRAIN_LOSSES:
             raise ValueError(
                 f"unknown loss {self.loss!r}; expected one of {', '.join(PRETRAIN_LOSSES)}"
+            )
+        if self.augment not in AUGMENT_STRENGTHS:
+            raise ValueError(
+                f"unknown augment {self.augment!r}; expected one of {', '.join(AUGMENT_STRENGTHS)}"
             )
         if self.views not in VIEW_MODES:
             raise ValueError(
@@ -176,8 +184,8 @@ def pretrain(
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         a, b = pool.batch(cfg.batch_size)
-        va = augment(a, cfg.input_size, generator)
-        vb = augment(b, cfg.input_size, generator)
+        va = augment(a, cfg.input_size, generator, strength=cfg.augment)
+        vb = augment(b, cfg.input_size, generator, strength=cfg.augment)
         views = torch.cat([va, vb]).to(device)
         data_seconds += time.perf_counter() - t0
         emb = net(normalize(views))

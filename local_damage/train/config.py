@@ -51,6 +51,12 @@ class OptimConfig:
         step_size: epochs between decays of the step schedule.
         gamma: decay factor of the step schedule.
         grad_clip: max gradient norm (0 = no clipping).
+        encoder_lr_scale: the encoder's learning rate as a share of ``lr`` (1: the same). Below 1
+            when the encoder starts from pretrained weights (``model.weights`` or ``--init``), so
+            fine-tuning does not wash out what pretraining learnt: the discriminative rates of
+            ULMFiT (Howard and Ruder 2018) and of transfer learning generally; with
+            ``train.freeze_encoder_epochs``, the encoder is first frozen, then trained at this
+            share.
     """
 
     optimizer: str = "adamw"
@@ -62,8 +68,13 @@ class OptimConfig:
     step_size: int = 10
     gamma: float = 0.1
     grad_clip: float = 0.0
+    encoder_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= float(self.encoder_lr_scale) <= 1.0:
+            raise ValueError(
+                f"optim.encoder_lr_scale must be in [0, 1], got {self.encoder_lr_scale!r}"
+            )
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optim.optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
         if self.schedule not in ("cosine", "step", "constant"):

@@ -66,8 +66,20 @@ def model_config_for(cfg: Config):
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module):
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The optimiser and its schedule: one parameter group, or two when
+    ``optim.encoder_lr_scale`` < 1 (the encoder's at that share of ``optim.lr``; the schedule
+    scales both alike)."""
     o = cfg.optim
+    params: list = [p for p in model.parameters() if p.requires_grad]
+    if o.encoder_lr_scale != 1.0 and hasattr(model, "encoder"):
+        encoder = {id(p) for p in model.encoder.parameters()}
+        params = [
+            {"params": [p for p in params if id(p) not in encoder]},
+            {
+                "params": [p for p in params if id(p) in encoder],
+                "lr": o.lr * o.encoder_lr_scale,
+            },
+        ]
     if o.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
     else:

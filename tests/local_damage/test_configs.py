@@ -95,6 +95,30 @@ def test_pretrained_configs_differ_from_cpu_local_only_in_the_weights():
         assert cfg["model"]["weights"] == f"{args.out}/encoder.safetensors"
 
 
+def test_pretrained_general_candidate_differs_from_the_general_recipe_only_in_its_start():
+    """cpu-local-general-pre: the general recipe from the SimCLR-strength encoder of all five
+    events' pixels, the encoder frozen for an epoch then at a tenth of the rate; its header's
+    pretrain command parses, takes Michael's tiles and writes where the config reads."""
+    from dataclasses import asdict
+
+    base = asdict(load_yaml(Config, REPO / "configs" / "cpu-local-general.yaml"))
+    path = REPO / "configs" / "cpu-local-general-pre.yaml"
+    cfg = asdict(load_yaml(Config, path))
+    changed = {(k, kk) for k, v in base.items() for kk in v if v[kk] != cfg[k][kk]}
+    assert changed == {
+        ("model", "weights"),
+        ("optim", "encoder_lr_scale"),
+        ("train", "freeze_encoder_epochs"),
+    }
+    assert cfg["optim"]["encoder_lr_scale"] == 0.1 and cfg["train"]["freeze_encoder_epochs"] == 1
+    head = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")]
+    start = next(i for i, line in enumerate(head) if line.startswith("local-damage pretrain"))
+    command = " ".join(line.rstrip("\\").strip() for line in head[start : start + 3])
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert args.augment == "simclr" and any("michael" in x for x in args.xbd)
+    assert cfg["model"]["weights"] == f"{args.out}/encoder.safetensors"
+
+
 def test_bare_off_is_the_word_for_a_text_field(tmp_path):
     """YAML reads a bare `off` as false: `--set train.amp=off` and `amp: off` in a file mean the
     setting "off", not an error about 'False'."""

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from cli.main import main
 from local_damage.models import ModelConfig, build_model
@@ -88,15 +89,69 @@ def test_sources_and_crops_from_real_files(synthetic_xbd, synthetic_scene, tmp_p
         find_sources([], [tmp_path], "augment")
 
 
+def _red(n: int = 48) -> np.ndarray:
+    """A flat red crop: green and blue equal."""
+    return np.broadcast_to(np.array([200, 60, 60], np.uint8), (1, n, n, 3)).copy()
+
+
+def _checkerboard(n: int = 48, square: int = 8) -> np.ndarray:
+    """Black and white squares: the number of edges a view crosses says how wide a window it
+    was cut from, whatever its colours, greying or blur did."""
+    ij = np.indices((n, n)) // square
+    board = ((ij[0] + ij[1]) % 2 * 255).astype(np.uint8)
+    return np.repeat(board[..., None], 3, axis=-1)[None]
+
+
+def _edges(view: torch.Tensor) -> int:
+    """Sign changes about the median along the middle row and column, the larger."""
+    grey = view.mean(0)
+    mid = grey.shape[0] // 2
+    counts = []
+    for line in (grey[mid], grey[:, mid]):
+        signs = (line > line.median()).int()
+        counts.append(int((signs[1:] != signs[:-1]).sum()))
+    return max(counts)
+
+
+@pytest.mark.parametrize("strength", ["light", "simclr"])
+def test_augment_strengths_crop_and_colour_as_documented(strength):
+    """``light``: windows of at least 0.4 of the area (a side of 0.63 or more: 3 or more edges of
+    the 6 squares a side), colours only brighter or contrastier; ``simclr``: windows down to 0.08
+    of the area, and the hue turned."""
+    g = torch.Generator().manual_seed(0)
+    boards = augment(np.repeat(_checkerboard(), 200, axis=0), 24, g, strength=strength)
+    assert boards.shape == (200, 3, 24, 24)
+    assert float(boards.min()) >= 0 and float(boards.max()) <= 255
+    edges = [_edges(v) for v in boards]
+    # brightness, contrast and greying keep green equal to blue on a flat red crop; only a turn
+    # of hue tells them apart
+    v = augment(np.repeat(_red(), 200, axis=0), 24, g, strength=strength).mean((2, 3))
+    hue_moved = float(((v[:, 1] - v[:, 2]).abs() > 5).float().mean())
+    if strength == "light":
+        assert min(edges) >= 3
+        assert hue_moved == 0.0
+    else:
+        assert min(edges) <= 2  # some windows of a small share of the crop
+        assert hue_moved > 0.3  # 0.58-0.64 over seeds 0-2: jitter 0.8, grey 0.2, small turns
+
+
+def test_augment_refuses_an_unknown_strength():
+    with pytest.raises(PretrainError, match="unknown augmentation"):
+        augment(_red(), 24, torch.Generator(), strength="heavy")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", ["balanced", "ntxent"])
 def test_pretrain_writes_weights_that_train_takes(synthetic_xbd, tmp_path, loss):
     out = tmp_path / "pre"
     argv = ["pretrain", "--xbd", str(synthetic_xbd), "--out", str(out), "--loss", loss]
     argv += ["--steps", "3", "--batch-size", "4", "--crop", "48", "--input-size", "32", "--quiet"]
+    argv += ["--augment", "simclr" if loss == "ntxent" else "light"]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["sources"]
+    recorded = yaml.safe_load((out / "pretrain.yaml").read_text())
+    assert recorded["augment"] == ("simclr" if loss == "ntxent" else "light")
     assert summary["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert summary["steps_per_s"] == pytest.approx(3 / summary["seconds"], rel=0.01)
     assert 0 < summary["data_seconds"] < summary["seconds"]

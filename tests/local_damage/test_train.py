@@ -217,6 +217,45 @@ def test_init_with_frozen_encoder_keeps_encoder_and_trains_heads(chips, tmp_path
     assert any(not torch.equal(a[k], b[k]) for k in heads)
 
 
+def test_encoder_learning_rate_share_makes_two_groups_that_the_schedule_scales_alike():
+    """``optim.encoder_lr_scale``: the encoder's parameters in a group of their own at that share
+    of ``optim.lr``, every other parameter at ``lr``; the schedule keeps the ratio; at 0 a step
+    leaves the encoder as it was and moves the rest."""
+    from local_damage.models.local_net import build_model
+    from local_damage.train.loop import build_optimizer, model_config_for
+
+    cfg = tiny(
+        "optim.lr=0.01", "optim.encoder_lr_scale=0.1", "optim.schedule=cosine", "train.epochs=4"
+    )
+    model = build_model(model_config_for(cfg))
+    opt, schedule = build_optimizer(cfg, model)
+    head, encoder = opt.param_groups
+    assert head["lr"] == pytest.approx(0.01) and encoder["lr"] == pytest.approx(0.001)
+    n_encoder = sum(1 for _ in model.encoder.parameters())
+    assert len(encoder["params"]) == n_encoder
+    assert len(head["params"]) + n_encoder == sum(1 for _ in model.parameters())
+    opt.step()  # no gradients yet: nothing moves
+    schedule.step()
+    assert 0 < head["lr"] < 0.01
+    assert encoder["lr"] / head["lr"] == pytest.approx(0.1)
+    assert len(build_optimizer(tiny(), model)[0].param_groups) == 1  # the default: one group
+
+    frozen = tiny("optim.encoder_lr_scale=0", "optim.weight_decay=0")
+    opt, _ = build_optimizer(frozen, model)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    model.train()
+    x = torch.rand(4, 3, 32, 32)
+    model(x, x.flip(-1)).logits.sum().backward()
+    opt.step()
+    moved = [k for k, v in model.named_parameters() if not torch.equal(before[k], v)]
+    assert moved and not any(k.startswith("encoder.") for k in moved)
+
+
+def test_encoder_learning_rate_share_outside_zero_to_one_is_refused():
+    with pytest.raises(ConfigError, match="encoder_lr_scale"):
+        tiny("optim.encoder_lr_scale=2")
+
+
 def test_init_from_missing_run_is_a_clear_error(chips, tmp_path, capsys):
     argv = [
         "train",
