@@ -101,7 +101,7 @@ class FinetuneResult:
         config: the model's training config (a dict, as in the weights file).
         epochs: epochs kept (0: the base network was not beaten clearly).
         curve: per epoch 0..max, the cross-validated ``nll``, ``accuracy`` and ``macro_f1``
-            (macro-F1: the mean over the folds).
+            (macro-F1: the mean over the folds; each fold's in ``macro_f1_folds``).
         scheme: the cross-validation, in words.
         seconds: wall time of the cross-validation and the final training.
         semi: FixMatch figures (share of unlabelled pairs above the confidence), when used.
@@ -316,6 +316,7 @@ def finetune(
                 "nll": round(float(nll[e].mean()), 6),
                 "accuracy": round(float(right[e].mean()), 6),
                 "macro_f1": round(float(f1[e, : len(folds)].mean()), 6),
+                "macro_f1_folds": [round(float(v), 6) for v in f1[e, : len(folds)]],
                 "intact_recall": (
                     round(float(right[e][y == INTACT].mean()), 6) if (y == INTACT).any() else None
                 ),

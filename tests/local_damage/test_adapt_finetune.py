@@ -48,6 +48,9 @@ def test_finetune_writes_a_model_that_grades_the_labels_better(base, chips, stor
     curve = block["cv"]["curve"]
     assert len(curve) == block["finetune"]["max_epochs"] + 1
     assert curve[block["finetune"]["epochs"]]["nll"] < curve[0]["nll"]
+    for row in curve:  # each fold's macro-F1, their mean the curve's
+        assert row["macro_f1"] == pytest.approx(np.mean(row["macro_f1_folds"]), abs=1e-5)
+        assert len(row["macro_f1_folds"]) == int(block["cv"]["scheme"].split("-")[0])
     assert block["labels"]["n"] == int(store.labelled.sum())
     # the recalibration was fitted on the kept epoch's out-of-fold logits of every label
     r = block["recalibration"]

@@ -54,6 +54,11 @@ def scores(y: np.ndarray, pred: np.ndarray, names) -> str:
 def forced(weights: str, b, tr: np.ndarray, te: np.ndarray, epochs: int) -> np.ndarray:
     """The grades of ``te`` by the network trained on the labels of ``tr`` for ``epochs`` epochs
     as `adapt --finetune` trains it, whatever its rule says (the base network for 0)."""
+    return forced_logits(weights, b, tr, te, epochs).argmax(1)
+
+
+def forced_logits(weights: str, b, tr: np.ndarray, te: np.ndarray, epochs: int) -> np.ndarray:
+    """The logits of :func:`forced`."""
     net, config = load_network(weights)
     size = ft.input_size(config, b.pre.shape[1])
     if epochs:
@@ -63,7 +68,7 @@ def forced(weights: str, b, tr: np.ndarray, te: np.ndarray, epochs: int) -> np.n
         )
         ft.train_top(net, feats, b.labels[tr], epochs, FinetuneOptions(), 0)
     net.eval()
-    return predict(net, b.pre[te], b.post[te], size).argmax(1)
+    return predict(net, b.pre[te], b.post[te], size)
 
 
 def main(base_onnx: str, chips: str, only: str = "") -> None:
