@@ -25,7 +25,7 @@ from app.adapt.fit import (
     BaseModel,
     adapt_head,
 )
-from app.adapt.recalibrate import recalibration_text
+from app.adapt.recalibrate import Recalibration, recalibration_text
 from data_prep.store import atomic_path
 from runtime.contract import set_metadata
 from runtime.head import METADATA_KEY, Head
@@ -130,13 +130,9 @@ def unlabelled_rule(head) -> str:
     )
 
 
-def _recalibration_member(recalibration) -> dict[str, Any]:
+def _recalibration_member(recalibration: Recalibration | None) -> dict[str, Any]:
     """``{"recalibration": ...}`` of an ``adaptation`` block (empty when none was fitted)."""
-    if recalibration is None:
-        return {}
-    if not isinstance(recalibration, Mapping):
-        recalibration = recalibration.to_dict()
-    return {"recalibration": dict(recalibration)}
+    return {} if recalibration is None else {"recalibration": recalibration.to_dict()}
 
 
 def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,7 +141,7 @@ def calibration_after_adapt(block: Mapping[str, Any]) -> dict[str, Any]:
     kept the probabilities as they were (the base model's temperature is applied inside the
     head, to the base probabilities it reads)."""
     r = block.get("recalibration") or {}
-    t = float(r.get("temperature", 1.0)) if r.get("kept") else 1.0
+    t = float(r.get("temperature", 1.0))  # 1 unless the recalibration was kept
     base = (
         f"the base model's T = {block['head']['base_temperature']:.4g} is applied inside the head"
     )
@@ -355,7 +351,7 @@ class NetworkFit:
         base_temperature: ``T0`` of the identity head (1 for a fine-tuned network; the base
             model's own when the base network was kept).
         recalibration: the temperature fitted on the kept network's out-of-fold probabilities
-            (:class:`app.adapt.recalibrate.Recalibration` or its dict); None: not fitted.
+            (:mod:`app.adapt.recalibrate`); None: not fitted.
     """
 
     method: str
@@ -364,7 +360,7 @@ class NetworkFit:
     seconds: float
     details: Mapping[str, Any]
     base_temperature: float = 1.0
-    recalibration: Any = None
+    recalibration: Recalibration | None = None
 
 
 def network_block(

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from runtime.calibration import CalibrationError, fit_temperature
+from runtime.head import log_softmax
 from runtime.metrics.calibration import expected_calibration_error
 from runtime.selection import NEAR_TIE_NATS, NEAR_TIE_SE, gain
 
@@ -77,12 +78,6 @@ class Recalibration:
         return out
 
 
-def _log_softmax(x: np.ndarray, t: float) -> np.ndarray:
-    z = x / t
-    z = z - z.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-
 def _fit(scores: np.ndarray, y: np.ndarray) -> float | None:
     try:
         return fit_temperature(scores, y)
@@ -113,7 +108,7 @@ def recalibrate(scores, labels, seed: int = 0) -> Recalibration:
     p_before, p_after = np.zeros_like(x), np.zeros_like(x)
     for train, test in KFold(FOLDS, shuffle=True, random_state=seed).split(x):
         t = _fit(x[train], y[train]) or 1.0
-        lp0, lp1 = _log_softmax(x[test], 1.0), _log_softmax(x[test], t)
+        lp0, lp1 = log_softmax(x[test]), log_softmax(x[test] / t)
         rows = np.arange(len(test))
         before[test] = -lp0[rows, y[test]]
         after[test] = -lp1[rows, y[test]]

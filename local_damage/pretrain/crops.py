@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torchvision.transforms import functional as TF
 
 from data_prep.errors import LocalDamageError
 from data_prep.imagery import read_rgb
@@ -178,8 +179,8 @@ def augment(
     ``simclr``: a sub-window of 0.08 (``min_scale``) to 1 of the area with an aspect ratio of
     3/4 to 4/3, resized to ``size``; the flip and quarter turn; with probability 0.8 colour
     jitter of SimCLR's strength 1 (brightness, contrast and saturation by a factor of 0.2-1.8,
-    hue turned by up to 0.2 of the circle, as a rotation of the YIQ chroma plane); grey with
-    probability 0.2; with probability 0.5 a Gaussian blur of sigma 0.1-2 (kernel a tenth of
+    hue turned by up to 0.2 of the circle; torchvision's functional colour adjustments); grey
+    with probability 0.2; with probability 0.5 a Gaussian blur of sigma 0.1-2 (kernel a tenth of
     ``size``, odd; :func:`torchvision.transforms.functional.gaussian_blur`).
     """
     if strength not in AUGMENT_STRENGTHS:
@@ -217,27 +218,18 @@ def augment(
         if u(0, 1) < 0.2:
             v = v.mean(dim=0, keepdim=True).expand(3, -1, -1)
         if strong and u(0, 1) < 0.5:
-            from torchvision.transforms.functional import gaussian_blur
-
             k = max(3, (size // 10) | 1)
-            v = gaussian_blur(v[None], [k, k], [u(0.1, 2.0)] * 2)[0]
+            v = TF.gaussian_blur(v[None], [k, k], [u(0.1, 2.0)] * 2)[0]
         out.append(v.clamp(0, 255))
     return torch.stack(out)
 
 
-#: RGB -> YIQ (NTSC); the hue of a pixel is the angle of its (I, Q) chroma.
-_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
-
-
 def _colour_jitter(v: torch.Tensor, u) -> torch.Tensor:
-    """SimCLR's colour jitter of strength 1 on one float view ``[3, H, W]`` (0-255)."""
-    v = v * u(0.2, 1.8)  # brightness
-    grey = v.mean()
-    v = (v - grey) * u(0.2, 1.8) + grey  # contrast
-    luma = (v * torch.tensor([0.299, 0.587, 0.114])[:, None, None]).sum(0, keepdim=True)
-    v = luma + (v - luma) * u(0.2, 1.8)  # saturation
-    angle = 2 * math.pi * u(-0.2, 0.2)  # hue
-    c, s = math.cos(angle), math.sin(angle)
-    turn = torch.tensor([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
-    m = torch.linalg.inv(_YIQ) @ turn @ _YIQ
-    return torch.einsum("ij,jhw->ihw", m, v.clamp(0, 255))
+    """SimCLR's colour jitter of strength 1 (torchvision's ``ColorJitter(0.8, 0.8, 0.8, 0.2)``,
+    the factors drawn from ``u``) on one float view ``[3, H, W]`` (0-255)."""
+    v = v.clamp(0, 255) / 255.0
+    v = TF.adjust_brightness(v, u(0.2, 1.8))
+    v = TF.adjust_contrast(v, u(0.2, 1.8))
+    v = TF.adjust_saturation(v, u(0.2, 1.8))
+    v = TF.adjust_hue(v, u(-0.2, 0.2))
+    return v * 255.0

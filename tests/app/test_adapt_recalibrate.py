@@ -145,6 +145,9 @@ def test_adapted_model_file_carries_the_temperature_and_the_predictor_applies_it
     assert "probabilities recalibrated on the labels" in format_adaptation(result.block)
     adapted = Predictor(result.out)
     assert adapted.temperature == pytest.approx(r["temperature"])
+    from app.web.model_card import card_markdown
+
+    assert f"T = {r['temperature']:.4f} on the adapted model's output" in card_markdown(adapted)
     old = hot.predict(labelled.pre, labelled.post)
     new = adapted.predict(labelled.pre, labelled.post)
     np.testing.assert_array_equal(new.probabilities.argmax(1), old.probabilities.argmax(1))

@@ -132,7 +132,7 @@ def test_augment_strengths_crop_and_colour_as_documented(strength):
         assert hue_moved == 0.0
     else:
         assert min(edges) <= 2  # some windows of a small share of the crop
-        assert hue_moved > 0.3  # 0.58-0.64 over seeds 0-2: jitter 0.8, grey 0.2, small turns
+        assert hue_moved > 0.3  # 0.55-0.60 over seeds 0-2: jitter 0.8, grey 0.2, small turns
 
 
 def test_augment_refuses_an_unknown_strength():
