@@ -29,7 +29,7 @@ from app.adapt.recalibrate import Recalibration, recalibration_text
 from data_prep.store import atomic_path
 from runtime.contract import set_metadata
 from runtime.head import METADATA_KEY, Head
-from runtime.selection import RULE
+from runtime.selection import FINETUNE_RULE
 
 # --------------------------------------------------------------------------------------------
 # the model file
@@ -239,15 +239,21 @@ def format_finetune(block: Mapping[str, Any]) -> str:
             f"{row['macro_f1']:.4f} / {'n/a' if intact is None else f'{intact:.4f}'}"
         )
     best = choice.get("best_epoch")
+    figures = f"{choice.get('gain', 0):.4f} nats per label (se {choice.get('gain_se', 0):.4f})"
+    if choice.get("f1_gain") is not None:
+        figures += (
+            f", out-of-fold macro-F1 {choice['f1_gain']:+.4f} "
+            f"(bootstrap se {choice.get('f1_gain_se', 0):.4f})"
+        )
     if details.get("epochs"):
         lines.append(
             f"kept: {details['epochs']} epoch(s), the lowest held-out NLL, better than the base "
-            f"network by {choice.get('gain', 0):.4f} nats per label (se {choice.get('gain_se', 0):.4f})"
+            f"network by {figures}"
         )
     elif best:
         lines.append(
-            f"kept: the base network; epoch {best} had the lowest held-out NLL but did not beat "
-            f"it clearly; the rule: {RULE}"
+            f"kept: the base network; epoch {best} had the lowest held-out NLL ({figures} against "
+            f"the base network) but did not beat it clearly; the rule: {FINETUNE_RULE}"
         )
     else:
         lines.append("kept: the base network; no epoch lowered the held-out NLL")
@@ -396,7 +402,7 @@ def network_block(
         "method": fit.method,
         "selection": (
             "epochs of fine-tuning with the lowest cross-validated NLL of the given labels, kept "
-            f"only if they beat the base network clearly: {SELECTION}"
+            f"only if they beat the base network clearly: {FINETUNE_RULE}"
         ),
         "labelled_classes": list(class_names),
         "unlabelled_classes": [],

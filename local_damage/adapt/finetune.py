@@ -49,7 +49,7 @@ from local_damage.adapt.network import (
     trunk_features,
 )
 from local_damage.adapt.semi import Unlabelled
-from runtime.selection import INTACT, clearly_better
+from runtime.selection import INTACT, OutOfFold, clearly_better
 
 log = logging.getLogger(__name__)
 
@@ -324,16 +324,14 @@ def finetune(
             for e in range(n_ep + 1)
         ]
         best = min(range(n_ep + 1), key=lambda e: (curve[e]["nll"], e))
-        ok, g, se = clearly_better(
-            nll[0],
-            nll[best],
-            curve[0]["macro_f1"],
-            curve[best]["macro_f1"],
-            base_accuracy=curve[0]["accuracy"],
-            accuracy=curve[best]["accuracy"],
-            base_intact=curve[0]["intact_recall"],
-            intact=curve[best]["intact_recall"],
-        )
+
+        def out_of_fold(e: int) -> OutOfFold:
+            c = curve[e]
+            pred = oof[e].argmax(1)
+            return OutOfFold(nll[e], c["macro_f1"], c["accuracy"], c["intact_recall"], pred)
+
+        verdict = clearly_better(out_of_fold(0), out_of_fold(best), y)
+        ok = verdict.clear
         epochs = best if ok and best > 0 else 0
         semi: dict[str, Any] = {}
         if epochs:
@@ -349,7 +347,7 @@ def finetune(
             curve,
             time.perf_counter() - start,
             f"{len(folds)}-fold (seed {options.seed})",
-            {"best_epoch": best, "gain": round(g, 6), "gain_se": round(se, 6), "clear": ok},
+            {"best_epoch": best, **verdict.figures()},
             semi,
             oof[epochs],
         )

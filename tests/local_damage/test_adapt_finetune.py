@@ -44,7 +44,11 @@ def test_finetune_writes_a_model_that_grades_the_labels_better(base, chips, stor
     tuned = Predictor(out)
     block = tuned.metadata["adaptation"]
     assert block["method"] == "finetune", block["cv"]
-    assert block["finetune"]["epochs"] >= 1 and block["finetune"]["choice"]["clear"]
+    choice = block["finetune"]["choice"]
+    assert block["finetune"]["epochs"] >= 1 and choice["clear"]
+    # kept only with an out-of-fold macro-F1 gain clear of its bootstrap spread
+    assert choice["f1_gain"] > 2 * choice["f1_gain_se"] > 0
+    assert "bootstrap standard errors" in block["selection"]
     curve = block["cv"]["curve"]
     assert len(curve) == block["finetune"]["max_epochs"] + 1
     assert curve[block["finetune"]["epochs"]]["nll"] < curve[0]["nll"]
@@ -198,6 +202,9 @@ def test_finetune_tells_the_analyst_what_happened(base, chips, tmp_path, capsys)
     assert "cross-validation (" in err and "<- chosen" in err
     assert "held-out curve over epochs" in err and "epoch  0" in err
     assert "kept:" in err and f"wrote {out}" in err
+    if block.get("finetune", {}).get("choice", {}).get("best_epoch"):
+        # the macro-F1 gain over the labels and its spread, which the rule weighed
+        assert "out-of-fold macro-F1" in err and "bootstrap se" in err
     assert "probabilities recalibrated on the labels" in err or "probabilities kept as" in err
     assert len([ln for ln in err.splitlines() if ln.strip().startswith("epoch ")]) == len(
         block["cv"]["curve"]
