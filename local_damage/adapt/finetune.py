@@ -179,7 +179,7 @@ def train_top(
     opt = torch.optim.AdamW(groups, lr=options.lr, weight_decay=options.weight_decay)
     weight = _class_weights(y, k) if options.class_weights else None
     loss_fn = torch.nn.CrossEntropyLoss(weight=weight)
-    yt = torch.as_tensor(y, dtype=torch.long)
+    yt = torch.as_tensor(np.array(y, dtype=np.int64))  # a copy: the labels may be read-only
     n = len(y)
     stats: dict[str, Any] = {"masked": [], "steps": 0}
     # an epoch is at least MIN_STEPS steps: with a few labels, one pass is one or two steps
