@@ -415,7 +415,7 @@ def adapt_head(
             candidates[name] = _metrics(oof, y)
             oofs[name] = oof
             losses[name] = -np.clip(oof[np.arange(len(y)), y], -50.0, 0.0)
-    preds = {name: oof.argmax(axis=1) for name, oof in oofs.items()}
+    preds = {name: oof.argmax(axis=1) for name, oof in oofs.items()} if HEADS_SPREAD else None
     best = choose(candidates, losses, names, preds, y)
     head = fitted[best]
     recalibration = recalibrate(oofs[best], y, seed)

@@ -35,6 +35,7 @@ from app.adapt.recalibrate import recalibrate
 from data_prep.spec import CLASS_NAMES
 from local_damage.adapt import finetune as ft
 from local_damage.adapt.finetune import FinetuneOptions
+from runtime.head import log_softmax
 from runtime.metrics import classification_metrics
 from runtime.metrics.calibration import expected_calibration_error
 from runtime.selection import NEAR_TIE_NATS, NEAR_TIE_SE
@@ -43,9 +44,7 @@ WORSE_F1, WORSE_ACC = 0.01, 0.02
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.asarray(x, np.float64)
-    e = np.exp(z - z.max(1, keepdims=True))
-    return e / e.sum(1, keepdims=True)
+    return np.exp(log_softmax(x))
 
 
 def main() -> None:

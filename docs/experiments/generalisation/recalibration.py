@@ -27,6 +27,7 @@ import numpy as np
 
 from app.adapt.labelled import from_chip_store
 from app.adapt.model import adapt_model
+from runtime.head import log_softmax
 from runtime.metrics import classification_metrics
 from runtime.metrics.calibration import expected_calibration_error
 from runtime.predictor import Predictor
@@ -34,10 +35,7 @@ from runtime.predictor import Predictor
 
 def _without_temperature(p: np.ndarray, t: float) -> np.ndarray:
     """``softmax(h)`` from ``p = softmax(h / t)``."""
-    z = np.log(np.clip(p.astype(np.float64), 1e-30, 1.0)) * t
-    z -= z.max(1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(1, keepdims=True)
+    return np.exp(log_softmax(np.log(np.clip(p.astype(np.float64), 1e-30, 1.0)) * t))
 
 
 def main() -> None:
