@@ -112,6 +112,7 @@ def measure_event(
     p = predictor.predict(b.pre, b.post)
     raw = p.raw_logits if p.raw_logits is not None else p.logits
     y, ids, base_pred = b.labels, np.asarray(b.ids), p.probabilities.argmax(1)
+    tiles = b.tiles()
     t0, _ = base_of(predictor.metadata)
     protos = base_prototypes(predictor.metadata, names)
     n_pool = pool_size(len(b), settings)
@@ -185,6 +186,7 @@ def measure_event(
                             METHODS,
                             settings.seed,
                             settings.unlabelled,
+                            [tiles[i] for i in given],
                         )
                         lp = a.head.log_probabilities(raw[ev], p.embedding[ev])
                         row.update(_scores(y[ev], lp.argmax(1), names), model=a.head.method)

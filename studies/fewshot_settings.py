@@ -23,10 +23,11 @@ BASE_SPLIT = "fewshot-split.json"
 #: Written in an event's folder: its measurements and the settings they were made with.
 EVENT_JSON = "measurements.json"
 #: Changes whenever what the arms measure changes, so that older measurements are not reused.
-MEASURE_VERSION = 8  # 2: suggested labels in rounds; 4: random first round, then mixed;
+MEASURE_VERSION = 9  # 2: suggested labels in rounds; 4: random first round, then mixed;
 # 5: the never-worse choice of heads, fine-tuning as adapt --finetune, and the semi arm;
 # 6: the rule also refuses a candidate whose accuracy or intact recall falls; 7: --draw;
-# 8: intact buildings called damaged, and fine-tuning's seconds
+# 8: intact buildings called damaged, and fine-tuning's seconds; 9: the heads judged against
+# the recalibrated base model, labels of several tiles cross-validated by tile
 DEFAULT_K = (0, 5, 10, 20, 50, 100)
 #: How the held-out event's buildings are split into the labels' pool and the graded rest:
 #: at random, or by area (whole spatial blocks of tiles: an analyst labels the first

@@ -55,11 +55,6 @@ def macro_f1(y: np.ndarray, pred: np.ndarray, names) -> float:
     return float(classification_metrics(y, pred, names)["macro_f1"])
 
 
-def tiles_of(ids) -> np.ndarray:
-    """The tile of each ``<tile>:<uid>`` chip id."""
-    return np.asarray([str(i).split(":", 1)[0] for i in ids])
-
-
 @dataclass(frozen=True)
 class NewTileOptions:
     """The draws of `bench new-tile` (module docstring; the flags of the same names).
@@ -109,7 +104,7 @@ def bench_new_tile(
     everything = concat(parts, predictor.spec.chip_size)
     b = everything.subset(everything.labelled)
     trained = training_tiles(predictor.metadata).tiles or frozenset()
-    tile = tiles_of(b.ids)
+    tile = np.asarray(b.tiles())
     fresh = ~np.isin(tile, sorted(trained))
     b, tile = b.subset(fresh), tile[fresh]
     p = predictor.predict(b.pre, b.post)
@@ -145,6 +140,7 @@ def bench_new_tile(
                             p.embedding[given],
                             y[given],
                             BaseModel(len(names), t0, protos),
+                            tiles=tile[given],
                         )
                         pred = a.head.log_probabilities(raw[rest], p.embedding[rest]).argmax(1)
                         head = a.head.method

@@ -4,7 +4,10 @@ The network is not retrained: its embedding ``z`` and raw logits are computed on
 labelled buildings, and a small head on top of them is fitted in well under a second. Several
 heads are tried, each with the classes without a label kept and discounted, and the base model
 is kept unless a candidate beats it clearly on the cross-validation of the given labels
-(:func:`adapt_head`, :func:`choose`, :data:`SELECTION`; docs/adapt.md):
+(:func:`adapt_head`, :func:`choose`, :data:`SELECTION`; docs/adapt.md). The NLL to beat is the
+base model's recalibrated on the other folds (:data:`RECALIBRATED_BASE`), and labels from several
+tiles are cross-validated by tile (:data:`GROUP_MIN_TILES`): on a new event a head must know more
+than a softer base model, about buildings of tiles it did not see.
 
 - ``base``: the base model unchanged (the reference every other head must beat).
 - ``prototype``: cosine similarity of ``z`` to per-class prototypes, each the normalised sum of
@@ -50,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from app.adapt.recalibrate import Recalibration, recalibrate
+from app.adapt.recalibrate import MIN_LABELS, Recalibration, recalibrate, softened_losses
 from data_prep.errors import LocalDamageError
 from runtime.head import Head, log_softmax, unit
 from runtime.selection import INTACT, RULE, OutOfFold, clearly_better
@@ -74,17 +77,34 @@ LOGISTIC_MIN_LABELS = 10
 LEAVE_ONE_OUT_MAX = 40
 #: Folds of the stratified k-fold cross-validation.
 CV_FOLDS = 5
+#: Labels from at least this many tiles are cross-validated by tile: a tile's labels are never
+#: on both sides of a fold, because the head will grade buildings of other tiles and damage is
+#: clustered in space (on Hurricane Michael, 100 draws of 20-500 random labels: heads kept that
+#: graded the other buildings worse fell from 7 to 2; docs/experiments/fewshot.md).
+GROUP_MIN_TILES = 3
 #: A class without a label is a candidate for the discount only when the base model called
 #: (argmax) at least this many of the labelled buildings that class, each of them wrongly (none
 #: has it): a class the base model never called on the labels keeps its probability, whatever
 #: the base model expected of it, because the labels say nothing against its calls.
 UNLABELLED_MIN_EVIDENCE = 1
 #: The selection criterion recorded in the metadata.
-SELECTION = RULE
+SELECTION = (
+    f"{RULE}; the base model's NLL is taken recalibrated (a softening temperature fitted on the "
+    f"other folds' labels, from {MIN_LABELS} labels), as adapt recalibrates whatever it keeps; labels "
+    f"from {GROUP_MIN_TILES} tiles or more are cross-validated by tile (a tile's labels never "
+    "on both sides of a fold)"
+)
 #: For studies only (docs/experiments/generalisation/heads_spread.py): hold the heads to the
 #: spread of their macro-F1 gain as fine-tuning is, ``"fitted"`` every head but the base model
 #: with its discount, ``"all"`` that one too; ``""`` (what ``adapt`` does): none.
 HEADS_SPREAD = ""
+#: Judge the candidates' NLL against the base model recalibrated on the other folds' labels
+#: (:func:`app.adapt.recalibrate.softened_losses`), not against its raw probabilities: on
+#: Hurricane Michael the base model's NLL on the labels was 2-4 nats, and a head won by being
+#: less sure of itself (7 of 100 random draws of 20-500 labels kept a head, each worse on the
+#: other buildings; with this reference none; docs/experiments/fewshot.md). False: the study's
+#: "before" (docs/experiments/generalisation/heads_rules.py).
+RECALIBRATED_BASE = True
 #: Suffix of a candidate whose classes without a label are discounted.
 DISCOUNTED = "+discount"
 
@@ -264,10 +284,21 @@ def fit_head(
     return head
 
 
-def _splits(labels: np.ndarray, seed: int):
-    from sklearn.model_selection import LeaveOneOut, StratifiedKFold
+def _splits(labels: np.ndarray, seed: int, tiles: Sequence[str] | None = None):
+    """``(scheme, folds)``: by tile (:data:`GROUP_MIN_TILES`), else leave-one-out up to
+    :data:`LEAVE_ONE_OUT_MAX` labels, else stratified k-fold."""
+    from sklearn.model_selection import GroupKFold, LeaveOneGroupOut, LeaveOneOut, StratifiedKFold
 
     n = len(labels)
+    groups = np.asarray(tiles) if tiles is not None else None
+    n_tiles = len(set(groups.tolist())) if groups is not None else 0
+    if groups is not None and len(groups) != n:
+        raise AdaptError(f"{len(groups)} tiles for {n} labels")
+    if n_tiles >= GROUP_MIN_TILES:
+        if n_tiles <= CV_FOLDS:
+            return "leave-one-tile-out", list(LeaveOneGroupOut().split(labels, labels, groups))
+        folds = GroupKFold(CV_FOLDS)
+        return f"{CV_FOLDS}-fold by tile", list(folds.split(labels, labels, groups))
     if n <= LEAVE_ONE_OUT_MAX:
         return "leave-one-out", list(LeaveOneOut().split(labels))
     with warnings.catch_warnings():  # a class rarer than the folds: some folds lack it
@@ -322,6 +353,7 @@ def adapt_head(
     methods: Sequence[str] = METHODS,
     seed: int = 0,
     unlabelled: str = "discount",
+    tiles: Sequence[str] | None = None,
 ) -> Adaptation:
     """Cross-validate every head of ``methods`` on the labels, keep the best, fit it on all.
 
@@ -334,6 +366,8 @@ def adapt_head(
         methods: the heads to try (:data:`METHODS`).
         seed: seed of the k-fold split.
         unlabelled: what happens to classes without a label (:data:`UNLABELLED_RULES`).
+        tiles: ``[N]`` the tile (or scene) of each label; from :data:`GROUP_MIN_TILES` tiles
+            the cross-validation keeps each tile's labels together (None: no tiles known).
 
     Raises:
         AdaptError: fewer than two labels, labels of a single class, bad shapes, or an unknown
@@ -393,7 +427,7 @@ def adapt_head(
         methods = tuple(m for m in methods if m not in not_tried) or ("base",)
     names = [m + ("" if r == "keep" else DISCOUNTED) for r in rules for m in methods]
     names = sorted(dict.fromkeys(["base", *names]), key=lambda n: _order(n, methods))
-    scheme, folds = _splits(y, seed)
+    scheme, folds = _splits(y, seed, tiles)
     candidates: dict[str, dict[str, float]] = {}
     losses: dict[str, np.ndarray] = {}
     oofs: dict[str, np.ndarray] = {}
@@ -416,7 +450,8 @@ def adapt_head(
             oofs[name] = oof
             losses[name] = -np.clip(oof[np.arange(len(y)), y], -50.0, 0.0)
     preds = {name: oof.argmax(axis=1) for name, oof in oofs.items()} if HEADS_SPREAD else None
-    best = choose(candidates, losses, names, preds, y)
+    reference = softened_losses(oofs["base"], y, folds) if RECALIBRATED_BASE else None
+    best = choose(candidates, losses, names, preds, y, reference)
     head = fitted[best]
     recalibration = recalibrate(oofs[best], y, seed)
     seconds = time.perf_counter() - start
@@ -449,6 +484,7 @@ def choose(
     names: Sequence[str],
     preds: Mapping[str, np.ndarray] | None = None,
     labels: np.ndarray | None = None,
+    reference: np.ndarray | None = None,
 ) -> str:
     """The candidate kept: ``base`` unless another beats it clearly on the cross-validation
     (:data:`runtime.selection.RULE`); each candidate's figures get ``gain`` (nats per label over the base
@@ -465,17 +501,25 @@ def choose(
         names: the candidates, simplest first (ties go to the earlier one).
         preds: name -> ``[N]`` out-of-fold class ids, for :data:`HEADS_SPREAD`.
         labels: ``[N]`` the labels, for :data:`HEADS_SPREAD`.
+        reference: ``[N]`` out-of-fold NLL of the base model recalibrated on the other folds
+            (:func:`app.adapt.recalibrate.softened_losses`): the NLL a candidate must beat, with
+            the base model's grades (None: the base model's own ``losses``). Recorded as the base
+            model's ``nll_recalibrated``.
     """
 
-    def out_of_fold(name: str, spread: bool) -> OutOfFold:
+    def out_of_fold(name: str, spread: bool, nll: np.ndarray | None = None) -> OutOfFold:
         c = candidates[name]
         pred = preds[name] if spread and preds is not None else None
-        return OutOfFold(losses[name], c["macro_f1"], c["accuracy"], c.get("intact_recall"), pred)
+        nll = losses[name] if nll is None else nll
+        return OutOfFold(nll, c["macro_f1"], c["accuracy"], c.get("intact_recall"), pred)
 
+    if reference is not None:
+        candidates["base"]["nll_recalibrated"] = round(float(np.mean(reference)), 6)  # type: ignore[index]
     clear = []
     for name in names:
         spread = HEADS_SPREAD == "all" or (HEADS_SPREAD == "fitted" and _parse(name)[0] != "base")
-        verdict = clearly_better(out_of_fold("base", spread), out_of_fold(name, spread), labels)
+        base = out_of_fold("base", spread, reference)
+        verdict = clearly_better(base, out_of_fold(name, spread), labels)
         ok = verdict.clear and name != "base"
         candidates[name].update({**verdict.figures(), "clear": ok})  # type: ignore[union-attr]
         if ok:

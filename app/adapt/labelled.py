@@ -102,18 +102,23 @@ class Buildings:
             [self.ref(i) for i in idx],
         )
 
+    def tiles(self) -> list[str]:
+        """The ``<tile>`` of each ``<tile>:<uid>`` id: a chip store's tile, an xBD tile, a
+        scene (the groups of the heads' cross-validation, :func:`app.adapt.fit.adapt_head`)."""
+        return [str(i).partition(":")[0] for i in self.ids]
+
     def counts(self, class_names: Sequence[str]) -> dict[str, object]:
         """``n``, ``per_class``, ``events`` and ``tiles`` (the ``<tile>`` of each ``<tile>:<uid>``
         id: a chip store's tile, an xBD tile, a scene) of the labelled buildings, and
         ``sources``."""
         lab = self.labels[self.labelled]
         ev = [e for e, ok in zip(self.events, self.labelled, strict=True) if ok]
-        ids = [i for i, ok in zip(self.ids, self.labelled, strict=True) if ok]
+        tiles = [t for t, ok in zip(self.tiles(), self.labelled, strict=True) if ok]
         return {
             "n": int(len(lab)),
             "per_class": {n: int(np.sum(lab == i)) for i, n in enumerate(class_names)},
             "events": dict(Counter(ev)),
-            "tiles": sorted({str(i).partition(":")[0] for i in ids}),
+            "tiles": sorted(set(tiles)),
             "sources": list(self.sources),
         }
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.adapt.fit import (
+    GROUP_MIN_TILES,
     METHODS,
     SELECTION,
     UNLABELLED_PSEUDO_COUNT,
@@ -199,6 +200,22 @@ def unlabelled_text(block: Mapping[str, Any], what: str = "label") -> str | None
     return f"unchanged (no {what}): {', '.join(kept)}"
 
 
+def few_tiles_text(block: Mapping[str, Any]) -> str | None:
+    """A caution when a head was kept on labels of fewer than
+    :data:`app.adapt.fit.GROUP_MIN_TILES` tiles (None: the base model kept, or labels of more
+    tiles): its cross-validation could not hold a tile out, and on Hurricane Michael labels of
+    one area misled heads that graded the other areas worse (docs/experiments/fewshot.md)."""
+    tiles = (block.get("labels") or {}).get("tiles") or []
+    if block.get("method") in (None, "base") or len(tiles) >= GROUP_MIN_TILES:
+        return None
+    n = len(tiles)
+    return (
+        f"labels of {n} tile{'s' if n != 1 else ''} only: the cross-validation could not check "
+        "the head on a tile it did not see; labels of one area do not always carry to the next, "
+        "so check it on another tile before grading a wider area, or label a few buildings there"
+    )
+
+
 def format_adaptation(block: Mapping[str, Any]) -> str:
     """The ``adaptation`` block in a few lines, for the terminal and the model card."""
     labels = block.get("labels") or {}
@@ -213,12 +230,14 @@ def format_adaptation(block: Mapping[str, Any]) -> str:
     ]
     for method, m in (cv.get("candidates") or {}).items():
         mark = " <- chosen" if method == block.get("method") else ""
+        if m.get("nll_recalibrated") is not None:  # the base model: what the others must beat
+            mark += f" (recalibrated NLL {m['nll_recalibrated']:.4f}, the NLL to beat)"
         lines.append(
             f"  {method:<15} {m['nll']:.4f} / {m['accuracy']:.4f} / {m['macro_f1']:.4f}{mark}"
         )
     for method, why in (cv.get("not_tried") or {}).items():
         lines.append(f"  {method:<15} not tried: {why}")
-    for text in (unlabelled_text(block), recalibration_text(block)):
+    for text in (unlabelled_text(block), recalibration_text(block), few_tiles_text(block)):
         if text:
             lines.append(text)
     return "\n".join(lines)
@@ -320,6 +339,7 @@ def adapt_model(
             methods,
             seed,
             unlabelled,
+            labelled.tiles(),
         )
     except AdaptError as exc:
         raise AdaptError(f"{sources}: {exc}") from exc

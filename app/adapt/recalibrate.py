@@ -85,6 +85,29 @@ def _fit(scores: np.ndarray, y: np.ndarray) -> float | None:
         return None
 
 
+def softened_losses(scores, labels, folds) -> np.ndarray:
+    """``[N]`` out-of-fold NLL of ``scores`` (``[N, K]`` log-probabilities) at a temperature
+    fitted on each fold's training labels, kept only when it softens (``T > 1``), as
+    :func:`recalibrate` keeps it; the scores as they are with fewer than :data:`MIN_LABELS`
+    labels. The base model recalibrated on the labels is what an adapted head must beat
+    (:func:`app.adapt.fit.choose`): on a new event the base model is over-confident, and a head
+    that only softens it is a temperature, which ``adapt`` applies to the base model anyway.
+
+    Args:
+        scores: ``[N, K]`` log-probabilities (or logits) of the labelled buildings.
+        labels: ``[N]`` their class ids.
+        folds: ``(train, test)`` index pairs covering every label once as test.
+    """
+    x = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    out = np.zeros(len(y))
+    for train, test in folds:
+        t = max(_fit(x[train], y[train]) or 1.0, 1.0) if len(y) >= MIN_LABELS else 1.0
+        lp = log_softmax(x[test] / t)
+        out[test] = -np.clip(lp[np.arange(len(test)), y[test]], -50.0, 0.0)
+    return out
+
+
 def recalibrate(scores, labels, seed: int = 0) -> Recalibration:
     """The temperature of the kept model's probabilities on the labels (module docstring).
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.adapt.corrections import from_session, from_store
 from app.adapt.labelled import LabelError
-from app.adapt.model import adapt_model, format_finetune, unlabelled_text
+from app.adapt.model import adapt_model, few_tiles_text, format_finetune, unlabelled_text
 from app.adapt.recalibrate import recalibration_text
 from app.adapt.suggest import suggest
 from app.web.sessions import (
@@ -151,10 +151,19 @@ class EventAdaptation:
             lines.append(
                 f"- cross-validated accuracy {chosen['accuracy']:.3f} (base model "
                 f"{base['accuracy']:.3f}), macro-F1 {chosen['macro_f1']:.3f} (base "
-                f"{base['macro_f1']:.3f}), log-loss {chosen['nll']:.3f} (base {base['nll']:.3f})"
+                f"{base['macro_f1']:.3f}), log-loss {chosen['nll']:.3f} (base {base['nll']:.3f}"
+                + (
+                    f", recalibrated {base['nll_recalibrated']:.3f}: the one to beat)"
+                    if base.get("nll_recalibrated") is not None
+                    else ")"
+                )
             )
 
-        for text in (unlabelled_text(block, "correction yet"), recalibration_text(block)):
+        for text in (
+            unlabelled_text(block, "correction yet"),
+            recalibration_text(block),
+            few_tiles_text(block),
+        ):
             if text:
                 lines.append(f"- {text}")
         if labels["n"] < FEW_LABELS:

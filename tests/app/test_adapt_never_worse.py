@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.adapt.fit import METHODS, BaseModel, adapt_head
+from app.adapt.fit import METHODS, AdaptError, BaseModel, adapt_head
 from app.adapt.model import format_adaptation
 from runtime.head import unit
 
@@ -169,3 +169,58 @@ def test_the_rule_refuses_a_candidate_whose_accuracy_or_intact_recall_falls():
     assert kept(accuracy=0.62, intact_recall=0.70) == ("base", False)
     # no intact label among the given ones: accuracy and the rest decide
     assert kept(accuracy=0.62, intact_recall=None) == ("logistic", True)
+
+
+def _clustered(seed: int, tiles: int, per_tile: int, dim: int = 32):
+    """Damage clustered by tile: every building of a tile has the tile's grade (0 or 1) and the
+    tile's look (its embedding is the tile's random direction plus noise), with nothing of the
+    damage itself in the embedding; the base model is right on 70% of the buildings."""
+    rng = np.random.default_rng(seed)
+    grade = np.arange(tiles) % 2
+    look = rng.normal(size=(tiles, dim))
+    tile = np.repeat(np.arange(tiles), per_tile)
+    y = grade[tile]
+    z = unit(look[tile] + 0.1 * rng.normal(size=(len(y), dim)))
+    right = rng.random(len(y)) < 0.7
+    called = np.where(right, y, 1 - y)
+    raw = np.log(np.where(np.eye(4)[called] > 0, 0.62, 0.01) + np.eye(4)[1 - called] * 0.35)
+    return raw, z, y, np.asarray([f"tile_{t}" for t in tile])
+
+
+def test_labels_of_several_tiles_are_cross_validated_by_tile():
+    """A head that learns each tile's look wins a cross-validation that mixes a tile's labels
+    into both sides of a fold, and grades new tiles worse than the base model; holding each
+    tile's labels together refuses it."""
+    raw, z, y, tiles = _clustered(0, tiles=8, per_tile=6)
+    held_raw, held_z, held_y, _ = _clustered(1, tiles=8, per_tile=20)
+    base = BaseModel(4)
+    mixed = adapt_head(raw, z, y, base)
+    assert mixed.cv["scheme"].startswith("stratified")
+    assert mixed.head.method != "base", mixed.cv["candidates"]
+    base_acc = np.mean(held_raw.argmax(1) == held_y)
+    assert np.mean(mixed.head.log_probabilities(held_raw, held_z).argmax(1) == held_y) < base_acc
+    by_tile = adapt_head(raw, z, y, base, tiles=tiles)
+    assert by_tile.cv["scheme"] == "5-fold by tile"
+    assert by_tile.head.method == "base", by_tile.cv["candidates"]
+    # fewer than three tiles: nothing to hold out, the labels' own folds
+    two = adapt_head(raw, z, y, base, tiles=np.where(tiles < "tile_4", "a", "b"))
+    assert two.cv["scheme"] == mixed.cv["scheme"]
+    four = adapt_head(raw[:24], z[:24], y[:24], base, tiles=tiles[:24])
+    assert four.cv["scheme"] == "leave-one-tile-out"
+    with pytest.raises(AdaptError, match="3 tiles for 48 labels"):
+        adapt_head(raw, z, y, base, tiles=tiles[:3])
+
+
+def test_a_head_kept_on_labels_of_one_or_two_tiles_is_flagged():
+    """Labels of fewer than three tiles cannot be cross-validated by tile: when a head is kept
+    on them, the summary (terminal, model card, app) says to check it on another tile."""
+    from app.adapt.model import few_tiles_text
+
+    head = {"method": "logistic", "labels": {"n": 30, "tiles": ["joplin_00000001"]}}
+    text = few_tiles_text(head)
+    assert text is not None and text.startswith("labels of 1 tile only")
+    assert text in format_adaptation(head)
+    two = {**head, "labels": {"tiles": ["a", "b"]}}
+    assert "labels of 2 tiles only" in (few_tiles_text(two) or "")
+    assert few_tiles_text({**head, "labels": {"tiles": ["a", "b", "c"]}}) is None
+    assert few_tiles_text({**head, "method": "base"}) is None

@@ -142,7 +142,11 @@ def test_adapted_model_file_carries_the_temperature_and_the_predictor_applies_it
     assert r["kept"], r
     assert 2.5 < r["temperature"] < 10.0  # the truth is TRUE / HOT = 5
     assert r["ece"][1] < r["ece"][0]
-    assert "probabilities recalibrated on the labels" in format_adaptation(result.block)
+    text = format_adaptation(result.block)
+    assert "probabilities recalibrated on the labels" in text
+    base_row = result.block["cv"]["candidates"]["base"]
+    assert base_row["nll_recalibrated"] < base_row["nll"]  # the over-confident base, softened
+    assert f"(recalibrated NLL {base_row['nll_recalibrated']:.4f}, the NLL to beat)" in text
     adapted = Predictor(result.out)
     assert adapted.temperature == pytest.approx(r["temperature"])
     from app.web.model_card import card_markdown
@@ -158,3 +162,49 @@ def test_adapted_model_file_carries_the_temperature_and_the_predictor_applies_it
     again = adapt_model(adapted, labelled, tmp_path / "again.onnx", methods=("base",))
     assert again.block["head"]["base_temperature"] == pytest.approx(HOT)
     assert again.block["recalibration"]["temperature"] == pytest.approx(r["temperature"], rel=1e-3)
+
+
+def test_the_base_model_recalibrated_on_other_folds_is_what_a_head_must_beat():
+    """The reference of the heads' rule: the base model's out-of-fold NLL at a temperature fitted
+    on the other folds. It is far below the raw NLL of an over-confident base model, equal to
+    the raw NLL of a calibrated one within the folds' noise, and the raw NLL itself below
+    MIN_LABELS labels (no temperature is ever applied then). A candidate that only beats the raw
+    NLL is not kept against it; the base model's row records it."""
+    from sklearn.model_selection import KFold
+
+    from app.adapt.fit import choose
+    from app.adapt.recalibrate import softened_losses
+    from runtime.head import log_softmax
+
+    logits, y = _calibrated(200, 3)
+    folds = list(KFold(5, shuffle=True, random_state=0).split(y))
+    rows = np.arange(len(y))
+    for scale, near in ((4.0, False), (1.0, True)):
+        lp = log_softmax(scale * logits)
+        raw = -lp[rows, y]
+        ref = softened_losses(lp, y, folds)
+        assert ref.shape == raw.shape
+        assert abs(ref.mean() - raw.mean()) < 0.02 if near else ref.mean() < 0.6 * raw.mean()
+    few = rows[: MIN_LABELS - 1]
+    lp = log_softmax(4.0 * logits[few])
+    np.testing.assert_allclose(
+        softened_losses(lp, y[few], [(few[:5], few[5:]), (few[5:], few[:5])]), -lp[few, y[few]]
+    )
+    # a candidate between the two: clearly better than the raw base model, not the recalibrated
+    hot = -log_softmax(4.0 * logits)[rows, y]
+    ref = softened_losses(log_softmax(4.0 * logits), y, folds)
+    middle = (hot + ref) / 2 + 0.05
+    assert middle.mean() < hot.mean() - 0.1 and middle.mean() > ref.mean()
+
+    def candidates():
+        return {
+            "base": {"nll": hot.mean(), "accuracy": 0.6, "macro_f1": 0.5},
+            "logistic": {"nll": middle.mean(), "accuracy": 0.6, "macro_f1": 0.55},
+        }
+
+    losses = {"base": hot, "logistic": middle}
+    assert choose(candidates(), losses, ["base", "logistic"]) == "logistic"
+    seen = candidates()
+    assert choose(seen, losses, ["base", "logistic"], reference=ref) == "base"
+    assert seen["base"]["nll_recalibrated"] == pytest.approx(ref.mean(), abs=1e-6)
+    assert not seen["logistic"]["clear"]

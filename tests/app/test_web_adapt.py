@@ -89,6 +89,12 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     assert "few corrections" in status  # fewer than 20
     assert ("probabilities recalibrated" in status) == r["kept"]
     assert ("probabilities kept as they were" in status) != r["kept"]
+    base_row = block["cv"]["candidates"]["base"]
+    # the log-loss a head must beat: the base model's recalibrated on the other folds
+    assert f"recalibrated {base_row['nll_recalibrated']:.3f}: the one to beat" in status
+    assert ("labels of 1 tile only" in status) == (
+        block["method"] != "base" and len(block["labels"]["tiles"]) == 1
+    )
 
     # the adapted model grades the corrected buildings as corrected more often, and more surely
     labels = event_labels(predictor, work, "synthetic-flood").buildings
