@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from app.adapt.model import unlabelled_text
+from app.adapt.model import few_tiles_text, unlabelled_text
 from runtime.calibration import RAW_METHOD
 from runtime.training_tiles import IN_TRAINING, TrainingTiles, training_tiles
 
@@ -62,9 +62,9 @@ def _adaptation_text(block: Any) -> str:
             f"(base {_text(base.get('macro_f1'))})"
         )
 
-    kept = unlabelled_text(block)
-    if kept:
-        text += f"; {kept}"
+    for extra in (unlabelled_text(block), few_tiles_text(block)):
+        if extra:
+            text += f"; {extra}"
     return text
 
 

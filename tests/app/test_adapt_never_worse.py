@@ -220,6 +220,9 @@ def test_a_head_kept_on_labels_of_one_or_two_tiles_is_flagged():
     text = few_tiles_text(head)
     assert text is not None and text.startswith("labels of 1 tile only")
     assert text in format_adaptation(head)
+    from app.web.model_card import _adaptation_text
+
+    assert text in _adaptation_text(head)  # the model card says it too
     two = {**head, "labels": {"tiles": ["a", "b"]}}
     assert "labels of 2 tiles only" in (few_tiles_text(two) or "")
     assert few_tiles_text({**head, "labels": {"tiles": ["a", "b", "c"]}}) is None
