@@ -168,7 +168,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="CSV",
         help="write the ranking here (default: print it)",
     )
-    add_seed_arg(p, help="seed of the k-fold split")
+    add_seed_arg(p, help="seed of the stratified k-fold split (labels of fewer than 3 tiles)")
     add_batch_size_arg(p, 32, "pairs per batch")
     add_report_args(p)
     align_argument(p)
