@@ -22,7 +22,7 @@ def test_bench_adapt_adapts_each_draw_and_the_baseline(score_model, capsys):
         assert len(row["fit_s"]) == len(row["embed_s"]) == draws
         assert sum(row["heads"].values()) == draws
         assert all(a >= f for a, f in zip(row["adapt_s"], row["fit_s"], strict=True))
-    # 6 labels from 3-5 of the fixture's tiles: held out a tile at a time (adapt's folds by tile)
+    # 6 labels over the fixture's 3 tiles: held out a tile at a time (adapt's folds by tile)
     assert rows[0]["scheme"] == "leave-one-tile-out"
 
     assert main([*args, "--labels", "6", "--repeats", "1"]) == 0
