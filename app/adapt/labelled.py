@@ -107,6 +107,16 @@ class Buildings:
         scene (the groups of the heads' cross-validation, :func:`app.adapt.fit.adapt_head`)."""
         return [str(i).partition(":")[0] for i in self.ids]
 
+    def groups(self) -> list[str]:
+        """The group of each building in the heads' cross-validation: its tile
+        (:meth:`tiles`), with the file it was read from when it has one (buildings read from
+        footprints on a scene carry the event in their ids, so two scenes' files are two
+        groups)."""
+        tiles = self.tiles()
+        if not self.refs:
+            return tiles
+        return [f"{t}|{r.file}" if r.file else t for t, r in zip(tiles, self.refs, strict=True)]
+
     def counts(self, class_names: Sequence[str]) -> dict[str, object]:
         """``n``, ``per_class``, ``events`` and ``tiles`` (the ``<tile>`` of each ``<tile>:<uid>``
         id: a chip store's tile, an xBD tile, a scene) of the labelled buildings, and
@@ -114,11 +124,13 @@ class Buildings:
         lab = self.labels[self.labelled]
         ev = [e for e, ok in zip(self.events, self.labelled, strict=True) if ok]
         tiles = [t for t, ok in zip(self.tiles(), self.labelled, strict=True) if ok]
+        groups = {g for g, ok in zip(self.groups(), self.labelled, strict=True) if ok}
         return {
             "n": int(len(lab)),
             "per_class": {n: int(np.sum(lab == i)) for i, n in enumerate(class_names)},
             "events": dict(Counter(ev)),
             "tiles": sorted(set(tiles)),
+            "groups": len(groups),
             "sources": list(self.sources),
         }
 

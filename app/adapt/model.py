@@ -205,14 +205,15 @@ def few_tiles_text(block: Mapping[str, Any]) -> str | None:
     :data:`app.adapt.fit.GROUP_MIN_TILES` tiles (None: the base model kept, or labels of more
     tiles): its cross-validation could not hold a tile out, and on Hurricane Michael labels of
     one area misled heads that graded the other areas worse (docs/experiments/fewshot.md)."""
-    tiles = (block.get("labels") or {}).get("tiles") or []
-    if block.get("method") in (None, "base") or len(tiles) >= GROUP_MIN_TILES:
+    labels = block.get("labels") or {}
+    n = labels.get("groups") or len(labels.get("tiles") or [])
+    if block.get("method") in (None, "base") or n >= GROUP_MIN_TILES:
         return None
-    n = len(tiles)
     return (
-        f"labels of {n} tile{'s' if n != 1 else ''} only: the cross-validation could not check "
-        "the head on a tile it did not see; labels of one area do not always carry to the next, "
-        "so check it on another tile before grading a wider area, or label a few buildings there"
+        f"labels of {n} tile{'s' if n != 1 else ''} or scene{'s' if n != 1 else ''} only: the "
+        "cross-validation could not check the head on a tile it did not see; labels of one area "
+        "do not always carry to the next, so check it on another tile before grading a wider "
+        "area, or label a few buildings there"
     )
 
 
@@ -339,7 +340,7 @@ def adapt_model(
             methods,
             seed,
             unlabelled,
-            labelled.tiles(),
+            labelled.groups(),
         )
     except AdaptError as exc:
         raise AdaptError(f"{sources}: {exc}") from exc

@@ -218,12 +218,28 @@ def test_a_head_kept_on_labels_of_one_or_two_tiles_is_flagged():
 
     head = {"method": "logistic", "labels": {"n": 30, "tiles": ["joplin_00000001"]}}
     text = few_tiles_text(head)
-    assert text is not None and text.startswith("labels of 1 tile only")
+    assert text is not None and text.startswith("labels of 1 tile or scene only")
     assert text in format_adaptation(head)
     from app.web.model_card import _adaptation_text
 
     assert text in _adaptation_text(head)  # the model card says it too
     two = {**head, "labels": {"tiles": ["a", "b"]}}
-    assert "labels of 2 tiles only" in (few_tiles_text(two) or "")
+    assert "labels of 2 tiles or scenes only" in (few_tiles_text(two) or "")
     assert few_tiles_text({**head, "labels": {"tiles": ["a", "b", "c"]}}) is None
     assert few_tiles_text({**head, "method": "base"}) is None
+    # the groups of the cross-validation: two footprint files of one event are two groups
+    from app.adapt.labelled import BuildingRef, Buildings
+
+    chips = np.zeros((4, 8, 8, 3), np.uint8)
+    ids = ["flood:a", "flood:b", "flood:c", "flood:d"]
+    files = ["north.geojson", "north.geojson", "south.geojson", "south.geojson"]
+    refs = [BuildingRef(f, i, r) for r, (f, i) in enumerate(zip(files, ids, strict=True))]
+    read = Buildings(ids, ["flood"] * 4, np.array([0, 1, 0, -1]), chips, chips, [], refs)
+    assert read.tiles() == ["flood"] * 4
+    assert len(set(read.groups())) == 2
+    counts = read.counts(["no-damage", "minor-damage", "major-damage", "destroyed"])
+    assert counts["tiles"] == ["flood"] and counts["groups"] == 2
+    store = Buildings(
+        ["t1:a", "t2:b", "t3:c"], ["e"] * 3, np.array([0, 1, 2]), chips[:3], chips[:3]
+    )
+    assert store.groups() == store.tiles() == ["t1", "t2", "t3"]

@@ -92,7 +92,7 @@ def test_adapt_writes_an_offered_model_that_reproduces_the_corrections(
     base_row = block["cv"]["candidates"]["base"]
     # the log-loss a head must beat: the base model's recalibrated on the other folds
     assert f"recalibrated {base_row['nll_recalibrated']:.3f}: the one to beat" in status
-    assert ("labels of 1 tile only" in status) == (
+    assert ("labels of 1 tile or scene only" in status) == (
         block["method"] != "base" and len(block["labels"]["tiles"]) == 1
     )
 
