@@ -5,7 +5,7 @@ labelled buildings, and a small head on top of them is fitted in well under a se
 heads are tried, each with the classes without a label kept and discounted, and the base model
 is kept unless a candidate beats it clearly on the cross-validation of the given labels
 (:func:`adapt_head`, :func:`choose`, :data:`SELECTION`; docs/adapt.md). The NLL to beat is the
-base model's recalibrated on the other folds (:data:`RECALIBRATED_BASE`), and labels from several
+base model's recalibrated on the other folds (:func:`choose`), and labels from several
 tiles are cross-validated by tile (:data:`GROUP_MIN_TILES`): on a new event a head must know more
 than a softer base model, about buildings of tiles it did not see.
 
@@ -89,22 +89,15 @@ GROUP_MIN_TILES = 3
 UNLABELLED_MIN_EVIDENCE = 1
 #: The selection criterion recorded in the metadata.
 SELECTION = (
-    f"{RULE}; the base model's NLL is taken recalibrated (a softening temperature fitted on the "
-    f"other folds' labels, from {MIN_LABELS} labels), as adapt recalibrates whatever it keeps; labels "
-    f"from {GROUP_MIN_TILES} tiles or more are cross-validated by tile (a tile's labels never "
-    "on both sides of a fold)"
+    f"{RULE}; the base model's NLL is taken recalibrated (a softening temperature fitted on "
+    f"the other folds' labels, from {MIN_LABELS} labels), as adapt recalibrates whatever it "
+    f"keeps; labels from {GROUP_MIN_TILES} tiles or more are cross-validated by tile (a tile's "
+    "labels never on both sides of a fold)"
 )
 #: For studies only (docs/experiments/generalisation/heads_spread.py): hold the heads to the
 #: spread of their macro-F1 gain as fine-tuning is, ``"fitted"`` every head but the base model
 #: with its discount, ``"all"`` that one too; ``""`` (what ``adapt`` does): none.
 HEADS_SPREAD = ""
-#: Judge the candidates' NLL against the base model recalibrated on the other folds' labels
-#: (:func:`app.adapt.recalibrate.softened_losses`), not against its raw probabilities: on
-#: Hurricane Michael the base model's NLL on the labels was 2-4 nats, and a head won by being
-#: less sure of itself (7 of 100 random draws of 20-500 labels kept a head, each worse on the
-#: other buildings; with this reference none; docs/experiments/fewshot.md). False: the study's
-#: "before" (docs/experiments/generalisation/heads_rules.py).
-RECALIBRATED_BASE = True
 #: Suffix of a candidate whose classes without a label are discounted.
 DISCOUNTED = "+discount"
 
@@ -450,7 +443,10 @@ def adapt_head(
             oofs[name] = oof
             losses[name] = -np.clip(oof[np.arange(len(y)), y], -50.0, 0.0)
     preds = {name: oof.argmax(axis=1) for name, oof in oofs.items()} if HEADS_SPREAD else None
-    reference = softened_losses(oofs["base"], y, folds) if RECALIBRATED_BASE else None
+    # the NLL to beat: the base model recalibrated on the other folds (on Hurricane Michael the
+    # raw base model's NLL on the labels was 2-4 nats, and heads won by being less sure of
+    # themselves; docs/experiments/fewshot.md)
+    reference = softened_losses(oofs["base"], y, folds)
     best = choose(candidates, losses, names, preds, y, reference)
     head = fitted[best]
     recalibration = recalibrate(oofs[best], y, seed)

@@ -44,7 +44,7 @@ from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
-from runtime.selection import NEAR_TIE_SE
+from runtime.selection import NEAR_TIE_SE, macro_f1_gain
 from studies.fewshot_measure import area_blocks, area_split
 
 RULES = ("before", "spread", "mix", "tiles", "blocks", "kfold", "recalibrated", "adapt")
@@ -156,8 +156,6 @@ def main() -> None:
                 c = cands[name]
                 f1g = se = None
                 if name != "base":
-                    from runtime.selection import macro_f1_gain
-
                     f1g, se = macro_f1_gain(y[given], preds["base"], preds[name])
                 mix = float(np.abs(_shares(pred, kk) - label_shares).sum())
                 figures[name] = {
