@@ -24,11 +24,14 @@ IGNORED = {"train.device", "data.num_workers", "train.deterministic"}
 
 
 def _config(run: Path) -> dict:
-    """The fold's ``config.yaml`` as ``{"section.key": value}``."""
+    """The fold's config as training resolved it (keys added since take their defaults), flat."""
     import pandas as pd
-    import yaml
 
-    return pd.json_normalize(yaml.safe_load((run / "config.yaml").read_text())).iloc[0].to_dict()
+    from local_damage.config import load_yaml, to_dict
+    from local_damage.train.config import Config
+
+    resolved = to_dict(load_yaml(Config, run / "config.yaml"))
+    return pd.json_normalize(resolved).iloc[0].to_dict()
 
 
 def main(chips: str, out: str, name: str, runs: list[str]) -> None:
