@@ -156,12 +156,18 @@ class ChipPairDataset(Dataset):
         self.input_size = int(input_size)
         self.augment = bool(augment)
         self.seed = int(seed)
-        self.epoch = 0
+        # in shared memory: a loader's persistent workers hold copies of this dataset made when
+        # they started, and read the epoch that set_epoch writes here later
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._reader: ChipReader | None = None
         self.geometric, self.photometric = build_transforms(self.augment, augment_strength)
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        self._epoch[0] = int(epoch)
 
     def __len__(self) -> int:
         return len(self.labels)

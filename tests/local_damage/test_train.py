@@ -353,3 +353,49 @@ def test_probe_separates_the_pull_of_each_term(chips, capsys):
     assert counted == 2 * int(tiny().train.batch_size)
     assert main(["probe", "--config", "missing.yaml", "--chips", str(chips)]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+_EPOCHS_SCRIPT = """
+import json, sys, torch
+from data_prep.store import read_manifest
+from local_damage.config import load_yaml
+from local_damage.train.config import Config
+from local_damage.train.distributed import DistInfo
+from local_damage.train.loaders import build_loaders, start_epoch
+
+chips = sys.argv[1]
+ids = read_manifest(chips)["chip_id"].tolist()[:8]
+out = {}
+for workers in (1, 0):  # the worker forks before this process has augmented anything
+    sets = [f"data.num_workers={workers}", "data.augment=true", "train.batch_size=4"]
+    cfg = load_yaml(Config, None, sets)
+    loader = build_loaders(cfg, chips, ids, [], DistInfo(), torch.device("cpu")).train
+    for epoch in (0, 1, 2):
+        start_epoch(loader, epoch, cfg.train.seed, 0)
+        pairs = [float(p[i].double().sum() + 3 * q[i].double().sum())
+                 for p, q, _ in loader for i in range(len(p))]
+        out[f"{workers},{epoch}"] = sorted(pairs)
+print(json.dumps(out))
+"""
+
+
+def test_augmentation_changes_each_epoch_whatever_the_loader_workers(chips):
+    """The epoch set before an epoch reaches the loader's persistent workers: with a worker,
+    epoch 1's augmented pairs differ from epoch 0's and equal those made without a worker (a
+    worker holding the dataset as it started would repeat epoch 0's augmentation for ever).
+    Run in a fresh process, whose worker forks before any augmentation ran in its parent."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EPOCHS_SCRIPT, str(chips)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    epochs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(epochs["0,0"]) == 8
+    for workers in (0, 1):
+        assert epochs[f"{workers},1"] != epochs[f"{workers},0"]
+        assert epochs[f"{workers},2"] != epochs[f"{workers},1"]
+    for epoch in (0, 1, 2):
+        assert epochs[f"1,{epoch}"] == pytest.approx(epochs[f"0,{epoch}"])
