@@ -35,11 +35,12 @@ def _config(run: Path) -> dict:
 
 
 def main(chips: str, out: str, name: str, runs: list[str]) -> None:
-    folds = {}
+    folds, devices = {}, {}
     first = None
     for r in map(Path, runs):
         summary = json.loads((r / "summary.json").read_text())
         folds[int(summary["fold"])] = r
+        devices[int(summary["fold"])] = summary.get("device")
         cfg = _config(r)
         first = first or cfg
         differ = sorted(k for k in set(cfg) | set(first) if cfg.get(k) != first.get(k))
@@ -56,9 +57,8 @@ def main(chips: str, out: str, name: str, runs: list[str]) -> None:
     for fold, r in sorted(folds.items()):
         test = json.loads((r / "metrics.json").read_text())
         train = json.loads((r / "train_eval" / "metrics.json").read_text())
-        device = json.loads((r / "summary.json").read_text()).get("device")
         print(
-            f"| {fold} | {device} | {test['accuracy']:.3f} | {test['macro_f1']:.3f} | "
+            f"| {fold} | {devices[fold]} | {test['accuracy']:.3f} | {test['macro_f1']:.3f} | "
             f"{train['accuracy']:.3f} | {train['macro_f1']:.3f} |"
         )
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import pandas as pd
 from sklearn.metrics import f1_score
 
 from app.adapt.labelled import from_chip_store
@@ -41,8 +40,7 @@ def match(post: np.ndarray, pre: np.ndarray, axes: tuple[int, ...]) -> np.ndarra
 def main(model: str, chips: str, event: str = "hurricane-michael") -> None:
     predictor = Predictor(model)
     b = from_chip_store(chips, list(predictor.class_names), event=event)
-    manifest = pd.read_csv(f"{chips}/manifest.csv", dtype={"chip_id": str}).set_index("chip_id")
-    tile = manifest.loc[b.ids, "tile"].to_numpy()
+    tile = np.asarray(b.tiles())
     pre, post, y = b.pre.astype(np.float32), b.post.astype(np.float32), b.labels
     by_tile = post.copy()
     for t in np.unique(tile):
