@@ -1,0 +1,54 @@
+"""Macro-F1 and intact buildings called damaged at several false-alarm costs, from predictions:
+
+    python docs/experiments/generalisation/cost_table.py RUN_DIR [RUN_DIR ...]
+
+Each ``RUN_DIR`` holds a ``predictions.csv`` of ``cv`` (labels and probabilities of its test
+buildings). The grade at cost ``c`` is the one ``score --false-alarm-cost c`` gives
+(:func:`runtime.grading.grades`): the most probable damaged grade where it is at least ``c``
+times as probable as no-damage, else no-damage. Prints one Markdown row per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import f1_score
+
+from runtime.grading import grades
+
+COSTS = (1.0, 2.0, 3.0, 5.0)
+
+
+def cost_row(predictions: Path) -> list[str]:
+    """``macro-F1, intact called damaged`` at each cost of :data:`COSTS`."""
+    d = pd.read_csv(predictions)
+    names = [c.removeprefix("p_") for c in d.columns if c.startswith("p_")]
+    p = d[[f"p_{n}" for n in names]].to_numpy(np.float64)
+    y = d.label.to_numpy(np.int64)
+    intact = y == names.index("no-damage")
+    cells = []
+    for cost in COSTS:
+        g = grades(p, names, cost)
+        f1 = f1_score(y, g, labels=range(len(names)), average="macro", zero_division=0)
+        cells.append(f"{f1:.3f}, {100 * np.mean(g[intact] != y[intact]):.1f}%")
+    return cells
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="folders with a predictions.csv")
+    args = ap.parse_args()
+    print("| run | " + " | ".join(f"cost {c:g}" for c in COSTS) + " |")
+    print("|---" * (len(COSTS) + 1) + "|")
+    for run in args.runs:
+        path = run / "predictions.csv"
+        if not path.is_file():
+            raise SystemExit(f"{path}: no predictions.csv there")
+        print(f"| {run} | " + " | ".join(cost_row(path)) + " |")
+
+
+if __name__ == "__main__":
+    main()
