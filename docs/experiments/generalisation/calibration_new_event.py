@@ -6,8 +6,9 @@ Reads the ``predictions.csv`` (raw logits) of the runs in docs/experiments/gener
 and docs/experiments/cv/cpu-local. Prints:
 
 1. **Without a label of the event**: the leave-one-event-out models of Michael (bundled and
-   general recipes) with a temperature fitted on out-of-area predictions of the general recipe's
-   spatial-block folds 0 and 1: of the other events only (the honest case: a new event has no
+   general recipes, trained on the CPU: :data:`LOEO`) with a temperature fitted on out-of-area
+   predictions of the general recipe's spatial-block folds 2, 3 and 4 (:data:`BLOCK_FOLDS`, the
+   folds trained without the loader defect of generalisation.md): of the other events only (the honest case: a new event has no
    labels), and of every event, Michael's other blocks included (an event already in the
    training data, new areas of it); beside the raw probabilities and the oracle (fitted on
    Michael itself).
@@ -35,6 +36,10 @@ from runtime.metrics.calibration import expected_calibration_error
 RUNS = Path(__file__).parent / "runs"
 CV = Path(__file__).parents[1] / "cv" / "cpu-local"
 DRAWS = 40
+#: The leave-one-event-out runs of Michael (fold 2 of the event store), per recipe.
+LOEO = {"bundled": "loeo-bundled-cpu", "general": "loeo-general-cpu"}
+#: The general recipe's spatial-block folds whose out-of-area predictions give the temperature.
+BLOCK_FOLDS = (2, 3, 4)
 
 
 def _read(paths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -55,12 +60,12 @@ def _ece(logits, y, t=1.0) -> float:
 
 
 def main() -> None:
-    blocks = [RUNS / "block-general" / f"fold{f}" / "predictions.csv" for f in (0, 1)]
+    blocks = [RUNS / "block-general" / f"fold{f}" / "predictions.csv" for f in BLOCK_FOLDS]
     bl, by, bm = _read(blocks)
     sets = {}
     print("1. without a label of the event: Michael, leave-one-event-out")
-    for recipe in ("bundled", "general"):
-        lo, y, _ = _read([RUNS / f"loeo-{recipe}" / "fold2" / "predictions.csv"])
+    for recipe, run in LOEO.items():
+        lo, y, _ = _read([RUNS / run / "fold2" / "predictions.csv"])
         sets[f"Michael, {recipe} recipe"] = (lo, y)
         line = f"  {recipe}: raw ECE {_ece(lo, y):.3f}"
         for what, mask in (("other events' blocks", ~bm), ("every event's blocks", bm | ~bm)):
