@@ -8,10 +8,10 @@ and docs/experiments/cv/cpu-local. Prints:
 1. **Without a label of the event**: the leave-one-event-out models of Michael (bundled and
    general recipes, trained on the CPU: :data:`LOEO`) with a temperature fitted on out-of-area
    predictions of the general recipe's spatial-block folds 2, 3 and 4 (:data:`BLOCK_FOLDS`, the
-   folds trained without the loader defect of generalisation.md): of the other events only (the honest case: a new event has no
-   labels), and of every event, Michael's other blocks included (an event already in the
-   training data, new areas of it); beside the raw probabilities and the oracle (fitted on
-   Michael itself).
+   folds trained without the loader defect of generalisation.md): of the other events only
+   (the honest case: a new event has no labels), and of every event, Michael's other blocks
+   included (an event already in the training data, new areas of it); beside the raw
+   probabilities and the oracle (fitted on Michael itself).
 2. **With k labels of the event**: `adapt`'s recalibration rule (:func:`app.adapt.recalibrate.
    recalibrate`) on k random buildings (40 draws per k, seed 0), judged on the others: ECE raw
    and recalibrated (mean, maximum), the draws made worse, and how often the temperature was
