@@ -1,5 +1,6 @@
 """`adapt` recalibrates the kept model's probabilities on the labels: a temperature fitted on
-out-of-fold probabilities, kept only when it softens them and the cross-fitted NLL falls clearly.
+out-of-fold probabilities, kept when the cross-fitted NLL falls clearly: softening from
+MIN_LABELS labels, sharpening from MIN_SHARPEN_LABELS.
 
 The rule is tested on built logits whose calibration is known (labels drawn from the softmax of
 the logits, then the logits scaled); the end to end test adapts a real ONNX model (the fixture
@@ -13,7 +14,13 @@ import numpy as np
 import pytest
 
 from app.adapt.fit import BaseModel, adapt_head
-from app.adapt.recalibrate import MIN_LABELS, recalibrate, recalibration_text
+from app.adapt.recalibrate import (
+    MIN_LABELS,
+    MIN_SHARPEN_LABELS,
+    recalibrate,
+    recalibration_text,
+    softened_losses,
+)
 from runtime.metrics.calibration import expected_calibration_error
 
 
@@ -58,12 +65,48 @@ def test_calibrated_probabilities_are_kept_as_they_are(seed):
     assert r.fitted is not None and 0.6 < r.fitted < 1.6
 
 
-def test_under_confident_probabilities_are_not_sharpened():
-    logits, y = _calibrated(300, 0)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_under_confident_probabilities_are_sharpened_from_enough_labels(seed):
+    logits, y = _calibrated(300, seed)
+    cold = 0.25 * logits  # four times too soft
+    r = recalibrate(cold, y)
+    assert r.kept
+    assert r.temperature == pytest.approx(0.25, rel=0.35)
+    assert r.ece[1] < r.ece[0] - 0.05
+    assert "under-confident" in r.why
+    fresh, fy = _calibrated(2000, seed + 100)
+    before = expected_calibration_error(_softmax(0.25 * fresh), fy)
+    after = expected_calibration_error(_softmax(0.25 * fresh / r.temperature), fy)
+    assert after < before / 2
+
+
+def test_under_confident_probabilities_are_not_sharpened_from_few_labels():
+    logits, y = _calibrated(MIN_SHARPEN_LABELS - 1, 0)
     r = recalibrate(0.25 * logits, y)
-    assert r.fitted < 1.0
+    assert r.fitted is not None and r.fitted < 1.0
     assert not r.kept and r.temperature == 1.0
-    assert "sharpen" in r.why
+    assert "sharpen" in r.why and str(MIN_SHARPEN_LABELS) in r.why
+    # softening is taken from fewer labels than sharpening
+    assert recalibrate(4.0 * logits, y).kept
+
+
+def test_the_reference_nll_sharpens_only_from_enough_labels():
+    """The base model's reference NLL for the heads follows the same rule: with fewer than
+    MIN_SHARPEN_LABELS labels an under-confident base keeps its raw NLL; with more, the
+    sharpened NLL, far below it."""
+    from sklearn.model_selection import KFold
+
+    from runtime.head import log_softmax
+
+    for n, sharpened in ((MIN_SHARPEN_LABELS - 1, False), (300, True)):
+        logits, y = _calibrated(n, 4)
+        lp = log_softmax(0.25 * logits)
+        raw = -lp[np.arange(n), y]
+        ref = softened_losses(lp, y, list(KFold(5, shuffle=True, random_state=0).split(y)))
+        if sharpened:
+            assert ref.mean() < 0.9 * raw.mean()
+        else:
+            np.testing.assert_allclose(ref, raw)
 
 
 def test_too_few_labels_keep_the_probabilities():
@@ -173,7 +216,6 @@ def test_the_base_model_recalibrated_on_other_folds_is_what_a_head_must_beat():
     from sklearn.model_selection import KFold
 
     from app.adapt.fit import choose
-    from app.adapt.recalibrate import softened_losses
     from runtime.head import log_softmax
 
     logits, y = _calibrated(200, 3)

@@ -5,17 +5,19 @@
 Reads the ``predictions.csv`` (raw logits) of the runs in docs/experiments/generalisation/runs
 and docs/experiments/cv/cpu-local. Prints:
 
-1. **Without a label of the event**: the leave-one-event-out models of Michael (bundled and
-   general recipes, trained on the CPU: :data:`LOEO`) with a temperature fitted on out-of-area
+1. **Without a label of the event**: the leave-one-event-out models (Michael: bundled and
+   general recipes; Santa Rosa and Joplin: the general recipe; trained on the CPU:
+   :data:`LOEO`) with a temperature fitted on out-of-area
    predictions of the general recipe's five spatial-block folds (:data:`BLOCK_FOLDS`, all
    folds trained without the loader defect of generalisation.md): of the other events only
-   (the honest case: a new event has no labels), and of every event, Michael's other blocks
-   included (an event already in the training data, new areas of it); beside the raw
-   probabilities and the oracle (fitted on Michael itself).
+   (the honest case: a new event has no labels), and of every event, the event's own other
+   blocks included (an event already in the training data, new areas of it); beside the raw
+   probabilities and the oracle (fitted on the held-out event itself).
 2. **With k labels of the event**: `adapt`'s recalibration rule (:func:`app.adapt.recalibrate.
    recalibrate`) on k random buildings (40 draws per k, seed 0), judged on the others: ECE raw
    and recalibrated (mean, maximum), the draws made worse, and how often the temperature was
-   kept; on Michael (both recipes), on the other events' out-of-area buildings, and on the tile
+   kept; on each held-out event, on the out-of-area buildings of the events other than Michael,
+   and on the tile
    folds of the bundled recipe (imagery like the training's, at the temperature of 1.45 the tile
    folds call for, i.e. already calibrated: the rule must leave it alone).
 
@@ -36,17 +38,22 @@ from runtime.metrics.calibration import expected_calibration_error
 RUNS = Path(__file__).parent / "runs"
 CV = Path(__file__).parents[1] / "cv" / "cpu-local"
 DRAWS = 40
-#: The leave-one-event-out runs of Michael (fold 2 of the event store), per recipe.
-LOEO = {"bundled": "loeo-bundled-cpu", "general": "loeo-general-cpu"}
+#: The leave-one-event-out runs: (event, recipe) -> (run, fold of the event store, chip prefix).
+LOEO = {
+    ("Michael", "bundled"): ("loeo-bundled-cpu", 2, "hurricane-michael"),
+    ("Michael", "general"): ("loeo-general-cpu", 2, "hurricane-michael"),
+    ("Santa Rosa", "general"): ("loeo-general-cpu", 4, "santa-rosa-wildfire"),
+    ("Joplin", "general"): ("loeo-general-cpu", 3, "joplin-tornado"),
+}
 #: The general recipe's spatial-block folds whose out-of-area predictions give the temperature.
 BLOCK_FOLDS = (0, 1, 2, 3, 4)
 
 
-def _read(paths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _read(paths, event: str = "hurricane-michael") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Logits, labels and whether each building is of ``event`` (a chip-id prefix)."""
     d = pd.concat([pd.read_csv(p) for p in paths])
     logits = d[[c for c in d.columns if c.startswith("logit_")]].to_numpy(np.float64)
-    michael = d.chip_id.str.startswith("hurricane-michael").to_numpy()
-    return logits, d.label.to_numpy(np.int64), michael
+    return logits, d.label.to_numpy(np.int64), d.chip_id.str.startswith(event).to_numpy()
 
 
 def _p(logits: np.ndarray, t: float) -> np.ndarray:
@@ -63,12 +70,17 @@ def main() -> None:
     blocks = [RUNS / "block-general" / f"fold{f}" / "predictions.csv" for f in BLOCK_FOLDS]
     bl, by, bm = _read(blocks)
     sets = {}
-    print("1. without a label of the event: Michael, leave-one-event-out")
-    for recipe, run in LOEO.items():
-        lo, y, _ = _read([RUNS / run / "fold2" / "predictions.csv"])
-        sets[f"Michael, {recipe} recipe"] = (lo, y)
-        line = f"  {recipe}: raw ECE {_ece(lo, y):.3f}"
-        for what, mask in (("other events' blocks", ~bm), ("every event's blocks", bm | ~bm)):
+    print("1. without a label of the event: leave-one-event-out")
+    for (event, recipe), (run, fold, prefix) in LOEO.items():
+        path = RUNS / run / f"fold{fold}" / "predictions.csv"
+        if not path.exists():
+            print(f"  {event}, {recipe}: no {path}")
+            continue
+        lo, y, _ = _read([path])
+        em = _read(blocks, prefix)[2]
+        sets[f"{event}, {recipe} recipe"] = (lo, y)
+        line = f"  {event}, {recipe}: raw ECE {_ece(lo, y):.3f}"
+        for what, mask in (("other events' blocks", ~em), ("every event's blocks", em | ~em)):
             t = fit_temperature(bl[mask], by[mask])
             line += f"; T from {what} ({mask.sum()} buildings) {t:.2f}: ECE {_ece(lo, y, t):.3f}"
         oracle = fit_temperature(lo, y)
