@@ -93,10 +93,15 @@ def _fit(scores: np.ndarray, y: np.ndarray) -> float | None:
         return None
 
 
+def _too_few_to_sharpen(t: float, n: int) -> bool:
+    """Whether ``t`` would sharpen the probabilities on fewer than :data:`MIN_SHARPEN_LABELS`."""
+    return t < 1.0 and n < MIN_SHARPEN_LABELS
+
+
 def _allowed(t: float | None, n: int) -> float:
     """``t`` where the rule may take it on ``n`` labels (softening from :data:`MIN_LABELS`,
     sharpening from :data:`MIN_SHARPEN_LABELS`), else 1."""
-    if t is None or n < MIN_LABELS or (t < 1.0 and n < MIN_SHARPEN_LABELS):
+    if t is None or n < MIN_LABELS or _too_few_to_sharpen(t, n):
         return 1.0
     return t
 
@@ -159,7 +164,7 @@ def recalibrate(scores, labels, seed: int = 0) -> Recalibration:
         "gain": g,
         "gain_se": se,
     }
-    if fitted < 1.0 and n < MIN_SHARPEN_LABELS:
+    if _too_few_to_sharpen(fitted, n):
         why = (
             f"T = {fitted:.3g} would sharpen the probabilities; sharpening is taken from "
             f"{MIN_SHARPEN_LABELS} labels"

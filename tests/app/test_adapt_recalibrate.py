@@ -40,18 +40,25 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_over_confident_probabilities_are_softened_and_their_ece_falls(seed):
-    logits, y = _calibrated(200, seed)
-    hot = 4.0 * logits  # four times too confident
-    r = recalibrate(hot, y)
+@pytest.mark.parametrize(
+    ("scale", "n", "way"),
+    [(4.0, 200, "over"), (0.25, MIN_SHARPEN_LABELS + 200, "under")],
+    ids=["four-times-too-sure", "four-times-too-soft"],
+)
+def test_miscalibrated_probabilities_are_rescaled_and_their_ece_falls(seed, scale, n, way):
+    """Over-confident probabilities are softened; under-confident ones, from
+    MIN_SHARPEN_LABELS labels, sharpened: the temperature undoes the scale."""
+    logits, y = _calibrated(n, seed)
+    r = recalibrate(scale * logits, y)
     assert r.kept
-    assert r.temperature == pytest.approx(4.0, rel=0.35)
+    assert r.temperature == pytest.approx(scale, rel=0.35)
     assert r.ece[1] < r.ece[0] - 0.05
     assert r.nll[1] < r.nll[0]
+    assert f"{way}-confident" in r.why
     # on buildings it did not see, the fitted temperature helps too
     fresh, fy = _calibrated(2000, seed + 100)
-    before = expected_calibration_error(_softmax(4.0 * fresh), fy)
-    after = expected_calibration_error(_softmax(4.0 * fresh / r.temperature), fy)
+    before = expected_calibration_error(_softmax(scale * fresh), fy)
+    after = expected_calibration_error(_softmax(scale * fresh / r.temperature), fy)
     assert after < before / 2
     assert "recalibrated" in recalibration_text({"recalibration": r.to_dict()})
 
@@ -63,21 +70,6 @@ def test_calibrated_probabilities_are_kept_as_they_are(seed):
     assert not r.kept
     assert r.temperature == 1.0
     assert r.fitted is not None and 0.6 < r.fitted < 1.6
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_under_confident_probabilities_are_sharpened_from_enough_labels(seed):
-    logits, y = _calibrated(300, seed)
-    cold = 0.25 * logits  # four times too soft
-    r = recalibrate(cold, y)
-    assert r.kept
-    assert r.temperature == pytest.approx(0.25, rel=0.35)
-    assert r.ece[1] < r.ece[0] - 0.05
-    assert "under-confident" in r.why
-    fresh, fy = _calibrated(2000, seed + 100)
-    before = expected_calibration_error(_softmax(0.25 * fresh), fy)
-    after = expected_calibration_error(_softmax(0.25 * fresh / r.temperature), fy)
-    assert after < before / 2
 
 
 def test_under_confident_probabilities_are_not_sharpened_from_few_labels():

@@ -49,11 +49,11 @@ LOEO = {
 BLOCK_FOLDS = (0, 1, 2, 3, 4)
 
 
-def _read(paths, event: str = "hurricane-michael") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Logits, labels and whether each building is of ``event`` (a chip-id prefix)."""
-    d = pd.concat([pd.read_csv(p) for p in paths])
+def _read(paths) -> tuple[np.ndarray, np.ndarray, pd.Series]:
+    """Logits, labels and chip ids (``<event>_<tile>:<uid>``) of the predictions."""
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     logits = d[[c for c in d.columns if c.startswith("logit_")]].to_numpy(np.float64)
-    return logits, d.label.to_numpy(np.int64), d.chip_id.str.startswith(event).to_numpy()
+    return logits, d.label.to_numpy(np.int64), d.chip_id
 
 
 def _p(logits: np.ndarray, t: float) -> np.ndarray:
@@ -68,7 +68,7 @@ def _ece(logits, y, t=1.0) -> float:
 
 def main() -> None:
     blocks = [RUNS / "block-general" / f"fold{f}" / "predictions.csv" for f in BLOCK_FOLDS]
-    bl, by, bm = _read(blocks)
+    bl, by, ids = _read(blocks)
     sets = {}
     print("1. without a label of the event: leave-one-event-out")
     for (event, recipe), (run, fold, prefix) in LOEO.items():
@@ -77,7 +77,7 @@ def main() -> None:
             print(f"  {event}, {recipe}: no {path}")
             continue
         lo, y, _ = _read([path])
-        em = _read(blocks, prefix)[2]
+        em = ids.str.startswith(prefix).to_numpy()
         sets[f"{event}, {recipe} recipe"] = (lo, y)
         line = f"  {event}, {recipe}: raw ECE {_ece(lo, y):.3f}"
         for what, mask in (("other events' blocks", ~em), ("every event's blocks", em | ~em)):
@@ -85,7 +85,8 @@ def main() -> None:
             line += f"; T from {what} ({mask.sum()} buildings) {t:.2f}: ECE {_ece(lo, y, t):.3f}"
         oracle = fit_temperature(lo, y)
         print(f"{line}; oracle T {oracle:.2f}: ECE {_ece(lo, y, oracle):.3f}")
-    sets["other events, new areas (general recipe)"] = (bl[~bm], by[~bm])
+    michael = ids.str.startswith("hurricane-michael").to_numpy()
+    sets["other events, new areas (general recipe)"] = (bl[~michael], by[~michael])
     tl, ty, _ = _read([CV / f"fold{f}" / "predictions.csv" for f in range(5)])
     t_tiles = fit_temperature(tl, ty)
     sets[f"tile folds at T {t_tiles:.2f} (bundled recipe, calibrated)"] = (tl / t_tiles, ty)
