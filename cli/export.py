@@ -22,6 +22,7 @@ from runtime.evaluation.calibrate import (
     format_ood,
 )
 from runtime.evaluation.chips import select_chips, store_folds
+from runtime.evaluation.out_of_fold import calibrate_from_folds
 
 if TYPE_CHECKING:
     from local_damage.export.model import RunExport
@@ -97,11 +98,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "it in the model, so its probabilities are calibrated (see `local-damage calibrate`)",
     )
     p.add_argument(
+        "--oof-predictions",
+        metavar="CSV",
+        help="for a run trained on every labelled chip: fit the temperature on the out-of-fold "
+        "predictions of its recipe's cross-validation (`cv`'s oof_predictions.csv); goes with "
+        "--oof-folds",
+    )
+    p.add_argument(
+        "--oof-folds",
+        nargs="+",
+        metavar="FOLD_RUN",
+        help="with --oof-predictions: fold runs of that cross-validation with embeddings.npz "
+        "(`python -m local_damage.experiments.fold_extras`); the ood threshold and scene "
+        "reference take the rank among training chips that held-out chips' quantiles had in "
+        "those folds' models. The prototypes come from every labelled chip of the run's store",
+    )
+    p.add_argument(
         "--no-temperature",
         action="store_true",
-        help="with --calibrate-fold: keep the raw probabilities (T = 1); the temperature fitted on "
-        "fold K is recorded in the model, not applied. The ood prototypes and threshold are "
-        "stored as usual",
+        help="with --calibrate-fold or --oof-predictions: keep the raw probabilities (T = 1); "
+        "the fitted temperature is recorded in the model, not applied. The ood prototypes and "
+        "threshold are stored as usual",
     )
     p.add_argument(
         "--weights",
@@ -121,8 +138,13 @@ def run(args: argparse.Namespace) -> int:
     from local_damage.export.weights import export_weights
 
     start = time.perf_counter()
-    if args.no_temperature and args.calibrate_fold is None:
-        raise UsageError("--no-temperature goes with --calibrate-fold K")
+    oof = args.oof_predictions is not None
+    if oof != (args.oof_folds is not None):
+        raise UsageError("--oof-predictions and --oof-folds go together")
+    if oof and args.calibrate_fold is not None:
+        raise UsageError("calibrate on a fold (--calibrate-fold) or out of fold, not both")
+    if args.no_temperature and args.calibrate_fold is None and not oof:
+        raise UsageError("--no-temperature goes with --calibrate-fold K or --oof-predictions")
     out = check_out(args.out)
     export = RunExport(
         args.run,
@@ -138,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
             test_metrics=args.test_metrics,
         ),
     )
-    if args.calibrate_fold is None:
+    if oof:
+        report = export_out_of_fold(
+            export, out, args.oof_predictions, args.oof_folds, temperature=not args.no_temperature
+        )
+    elif args.calibrate_fold is None:
         report = export.write(out)
     else:
         report = export_calibrated(
@@ -155,6 +181,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {export_weights(args.run, args.weights)} (fp16 weights for --init)")
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
+
+
+def export_out_of_fold(
+    export: RunExport,
+    out: Path,
+    oof_predictions: str,
+    fold_runs: list[str],
+    temperature: bool = True,
+) -> dict[str, Any]:
+    """Export to a staged file, then calibrate it from its recipe's cross-validation into ``out``
+    (:func:`runtime.evaluation.out_of_fold.calibrate_from_folds`).
+
+    Returns:
+        The parity report (also written to ``NAME.parity.json``) with the ``calibration`` and
+        ``ood`` blocks stored in the model.
+    """
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        staged = Path(tmp) / "staged.onnx"
+        report = export.write(staged)
+        calibrated = calibrate_from_folds(
+            staged, export.store, out, oof_predictions, fold_runs, temperature=temperature
+        )
+    write_json(out.with_suffix(".parity.json"), report)
+    return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}
 
 
 def export_calibrated(

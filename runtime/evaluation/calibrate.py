@@ -50,7 +50,7 @@ from runtime.predictor import Predictor, softmax
 log = logging.getLogger(__name__)
 
 
-def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+def rounded_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {k: round(float(v), 6) for k, v in metrics.items()}
 
 
@@ -292,8 +292,8 @@ def calibrate_model(
             "n": len(labels),
             "unlabelled_left_out": unlabelled,
         },
-        before=_rounded(calibration_metrics(softmax(scored.logits), labels)),
-        after=_rounded(calibration_metrics(softmax(scored.logits / fitted_t), labels)),
+        before=rounded_metrics(calibration_metrics(softmax(scored.logits), labels)),
+        after=rounded_metrics(calibration_metrics(softmax(scored.logits / fitted_t), labels)),
         applied=options.temperature,
     )
     props: dict[str, Any] = {METADATA_KEY: block}
@@ -367,10 +367,16 @@ def format_ood(block: dict[str, Any] | None) -> str:
         return "no ood prototypes stored (the model never flags ood)"
     src, thr = block["prototypes_from"], block["threshold_from"]
     n = ", ".join(f"{k} {v}" for k, v in src["n"].items())
+    carried = thr.get("rank_from_folds")
+    where = (
+        f"{thr['n']} calibration chips (flags {thr['flagged']:.2%} of them)"
+        if not carried
+        else f"held-out chips in {len(carried['folds'])} fold models, carried over as the "
+        f"{thr['flagged']:.4f} quantile of the model's {thr['n']} training chips"
+    )
     return (
         f"ood: {len(block['prototypes'])} class prototypes from {src['selection']} ({n}); "
-        f"threshold cos {block['threshold']:.4f} = the {block['quantile']:g} quantile of "
-        f"{thr['n']} calibration chips (flags {thr['flagged']:.2%} of them)"
+        f"threshold cos {block['threshold']:.4f} = the {block['quantile']:g} quantile of {where}"
         + (
             f"; a scene is unfamiliar below median familiarity {block['scene']['familiarity']:.4f}"
             f" (their {block['scene']['quantile']:g} quantile)"
