@@ -129,6 +129,19 @@ def _test_text(tested: dict[str, Any], trained: TrainingTiles) -> str:
     tiles = tested.get("tiles")
     inside = trained.among(tiles) if isinstance(tiles, list) else None
     n = f"{tested.get('n', '?')} buildings" + (f", {len(tiles)} tiles" if tiles else "")
+    cv = tested.get("cross_validation")
+    if isinstance(cv, dict):
+        folds = cv.get("folds") or []
+        return (
+            f"- its recipe cross-validated ({n}, {len(folds)} folds; each building graded by a "
+            f"model of the same recipe that never saw its tile, not by this model): {figures}"
+            + (f", ECE {_text(cv['ece'])}" if cv.get("ece") is not None else "")
+            + (
+                f", intact buildings called damaged {cv['intact_called_damaged']:.1%}"
+                if isinstance(cv.get("intact_called_damaged"), float)
+                else ""
+            )
+        )
     if inside:
         return (
             f"- test figures ({n}), **{IN_TRAINING}** ({len(inside)} of {len(tiles)} tiles): not "
@@ -162,7 +175,7 @@ def _validation_text(metrics: Any) -> str:
     if not isinstance(metrics, dict) or not metrics:
         return "not recorded"
     if metrics.get("macro_f1") is None:
-        return "none (trained on every labelled chip; see the held-out test figures)"
+        return "none (trained on every labelled chip; see the test figures)"
     shown = {k: v for k, v in metrics.items() if v is not None and not isinstance(v, (dict, list))}
     return ", ".join(f"{k} {_text(v)}" for k, v in shown.items())
 

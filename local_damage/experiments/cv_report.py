@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.store import atomic_path, read_manifest
+from data_prep.store import atomic_path, read_manifest, write_json
 from local_damage.experiments.cost_rule import cost_curve, cost_table
 from local_damage.experiments.oof_calibration import calibration_study, calibration_table
 from runtime.evaluation.evaluate import PREDICTIONS_CSV
@@ -33,6 +33,7 @@ from runtime.metrics import classification_metrics, present_class_f1
 from runtime.metrics.calibration import expected_calibration_error
 
 OOF_CSV = "oof_predictions.csv"
+OOF_METRICS = "oof_metrics.json"
 CV_TABLE = "cv_table.md"
 
 
@@ -111,6 +112,35 @@ def fold_figures(frame, class_names: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def oof_metrics(pooled, class_names: Sequence[str], csv: str | Path) -> dict[str, Any]:
+    """The pooled out-of-fold figures in the shape of ``evaluate``'s metrics.json, for
+    ``export --test-metrics`` of a model trained on every tile with this recipe: accuracy,
+    macro-F1 and per-class F1, the tiles, and a ``cross_validation`` block (folds, ECE, intact
+    buildings called damaged) that says each building was graded by a model that never saw its
+    tile, not by the model that carries the figures."""
+    figures = fold_figures(pooled, class_names)
+    intact = pooled["label"].to_numpy() == 0
+    folds = sorted(int(f) for f in pooled["fold"].unique())
+    return {
+        "accuracy": figures["accuracy"],
+        "macro_f1": figures["macro_f1"],
+        "n": figures["n"],
+        "per_class": {name: {"f1": f1} for name, f1 in figures["per_class_f1"].items()},
+        "source": {
+            "selection": f"out-of-fold predictions of folds {', '.join(map(str, folds))}",
+            "tiles": sorted(str(t) for t in pooled["tile"].unique()),
+        },
+        "cross_validation": {
+            "folds": folds,
+            "predictions": str(csv),
+            "ece": figures["ece"],
+            "intact_called_damaged": float(np.mean(pooled["pred"].to_numpy()[intact] != 0))
+            if intact.any()
+            else None,
+        },
+    }
+
+
 def _stats(values: Sequence[float | None]) -> dict[str, float | None]:
     vals = [float(v) for v in values if v is not None]
     if not vals:
@@ -137,7 +167,8 @@ def protocol_summary(
         one that ships (:func:`local_damage.experiments.oof_calibration.calibration_study`),
         "false_alarm_cost": intact false alarms and macro-F1 per false-alarm cost
         (:func:`local_damage.experiments.cost_rule.cost_curve`),
-        "oof": the CSV path}``; None without folds.
+        "oof": the CSV path}``; None without folds. The pooled figures are also written as
+        ``out/oof_metrics.json`` (:func:`oof_metrics`).
     """
     import pandas as pd
 
@@ -151,6 +182,7 @@ def protocol_summary(
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, suffix=".csv") as tmp:
         pooled.to_csv(tmp, index=False)
+    write_json(Path(out) / OOF_METRICS, oof_metrics(pooled, class_names, path))
     folds = {int(f["fold"].iloc[0]): fold_figures(f, class_names) for f in frames}
     figures = list(folds.values())
     over = {

@@ -126,4 +126,9 @@ def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
         "n": data.get("n"),
         **where,
         "source": str(path),
+        **(
+            {"cross_validation": data["cross_validation"]}
+            if isinstance(data.get("cross_validation"), dict)
+            else {}
+        ),
     }

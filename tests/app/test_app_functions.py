@@ -359,6 +359,19 @@ def test_card_marks_test_figures_on_training_tiles(score_model, tmp_path):
         assert ("in the model's training data**" in line) == marked
         assert line.startswith("- held-out test") != marked
 
+    # a model trained on every tile carries its recipe's out-of-fold figures: on its own
+    # training tiles, said to be the recipe's cross-validation, not held-out figures of it
+    proto = onnx.load(str(score_model))
+    cv = {"folds": [0, 1, 2], "ece": 0.05, "intact_called_damaged": 0.125}
+    figures = {"accuracy": 0.5, "macro_f1": 0.4, "n": 9, "tiles": trained, "cross_validation": cv}
+    set_metadata(proto, {"test_metrics": figures})
+    model = save_onnx(proto, tmp_path / "cross-validated.onnx")
+    line = next(x for x in card_markdown(Predictor(model)).splitlines() if "0.4000" in x)
+    assert line.startswith("- its recipe cross-validated (9 buildings, ")
+    assert "3 folds; each building graded by a model of the same recipe that never saw" in line
+    assert line.endswith("ECE 0.0500, intact buildings called damaged 12.5%")
+    assert "held-out" not in line and "training data**" not in line
+
 
 def test_callbacks_are_plain_functions(score_model, xbd_tile, tmp_path):
     """The functions the app's events call, without Gradio: the tile graded, a building's chips

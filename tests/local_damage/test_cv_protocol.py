@@ -14,6 +14,7 @@ from data_prep.spec import CLASS_NAMES, ChipSpec
 from data_prep.store import read_manifest, write_manifest
 from local_damage.experiments.cv_report import (
     OOF_CSV,
+    OOF_METRICS,
     false_alarms,
     intact_tiles,
     protocol_summary,
@@ -107,6 +108,21 @@ def test_protocol_summary_counts_false_alarms_ece_and_events(fake_cv):
     text = protocol_table([{"name": "m", "protocol": summary}], names)
     assert "| m | 0 |" in text and "50.0% (2/4; 1 destroyed)" in text
     assert "| m | flood | 6 |" in text
+
+    # the pooled figures as a metrics.json that `export --test-metrics` reads, marked as the
+    # recipe's cross-validation (every intact building, not only those of intact tiles)
+    from local_damage.export.provenance import summarize_test_metrics
+
+    tested = summarize_test_metrics(out / OOF_METRICS)
+    pooled = summary["pooled"]
+    assert tested["accuracy"] == pooled["accuracy"] == pytest.approx(10 / 14)
+    assert tested["macro_f1"] == pooled["macro_f1"] and tested["n"] == 14
+    assert tested["f1"] == pooled["per_class_f1"]
+    assert tested["tiles"] == sorted(oof["tile"].unique())
+    cv = tested["cross_validation"]
+    assert cv["folds"] == [0, 1] and cv["ece"] == pytest.approx(pooled["ece"])
+    intact = oof[oof["label"] == 0]
+    assert cv["intact_called_damaged"] == pytest.approx(float(np.mean(intact["pred"] != 0)))
 
 
 def test_false_alarms_without_intact_tiles_are_none():
