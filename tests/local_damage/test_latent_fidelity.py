@@ -143,11 +143,11 @@ def _latent_grads(net, loss_fn, pre, post) -> torch.Tensor:
 @pytest.mark.slow
 def test_the_previous_recipe_trains_its_latent_term_as_scl_the_bundled_one_does_not():
     """Encoder gradients of the latent term: OCL's equal SCL's under configs/default.yaml (the
-    previous recipe: latent_abs), and differ under configs/cpu-local.yaml (the bundled model's
-    recipe: the paper's signed map)."""
+    previous recipe: latent_abs), and differ under configs/cpu-local.yaml and
+    configs/cpu-local-general.yaml (the bundled model's recipe: the paper's signed map)."""
     g = torch.Generator().manual_seed(5)
     pre, post = torch.randn(8, 3, 64, 64, generator=g), torch.randn(8, 3, 64, 64, generator=g)
-    for stem, same in (("default", True), ("cpu-local", False)):
+    for stem, same in (("default", True), ("cpu-local", False), ("cpu-local-general", False)):
         net, cfg = _recipe_model(stem)
         net.train()
         t = cfg.loss.temperature
