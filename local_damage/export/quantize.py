@@ -76,7 +76,7 @@ def front_end(model) -> list[str]:
     input's normalisation and, in networks with ``model.pair_norm``, the post chip matched to the
     pre chip. Static int8 keeps them in float: they are a few elementwise ops on the pixels, and
     with uint8 activations the per-chip standardisation lost enough precision to move 1.4% of
-    the bundled model's grades (0.8% with it in float; docs/export.md)."""
+    the bundled model's grades against fp32 (0.8% with it in float; docs/export.md)."""
     names = []
     for node in model.graph.node:
         if node.op_type == "Conv":
