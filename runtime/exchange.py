@@ -8,7 +8,10 @@ encoder on the same two chips again; only their order in the batch differs. So t
 last feature map of each chip, kept from the grading as given, graded by the head with the two
 halves of the batch swapped gives the exchanged grading bit for bit (the encoder treats each row
 of a batch on its own; the head's quantisation scales are those of each side, as in the whole
-graph), at the cost of the head alone.
+graph), at the cost of the head alone. This holds only where each chip reaches the encoder on
+its own: a network that matches the post chip to the pre chip before the encoder
+(``model.pair_norm``, the bundled model's) feeds it other post rows once the pair is exchanged,
+and has no cut.
 
 :func:`find_cut` finds that map in a model file (None when the graph is not built so: the
 caller grades the chips exchanged through the whole graph); :func:`with_outputs` adds it to the
@@ -82,12 +85,58 @@ def _constants(graph) -> dict:
     return out
 
 
+def _graph_inputs_of(graph, name: str, producer: dict) -> set[str]:
+    """The graph inputs a tensor depends on."""
+    inputs = {i.name for i in graph.input}
+    found: set[str] = set()
+    stack, seen = [name], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or not n:
+            continue
+        seen.add(n)
+        if n in inputs:
+            found.add(n)
+        node = producer.get(n)
+        if node is not None:
+            stack.extend(node.input)
+    return found
+
+
+def _rows_independent(graph, features: str) -> bool:
+    """Whether each half of the encoder's batch comes from one graph input alone: the batch is
+    a Concat of two tensors, the first depending on one input only and the second on the
+    other only. A network that normalises the post chip by the pre chip's statistics before the
+    encoder (``model.pair_norm``) is not: its post rows change when pre and post are exchanged,
+    so the encoder must run again."""
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = set(_constants(graph))
+    stack, seen = [features], set()
+    while stack:  # back from the feature map to the Concat that assembled the batch
+        name = stack.pop()
+        if name in seen or name in constants:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is None:
+            continue
+        if node.op_type == "Concat":
+            parts = [i for i in node.input if i and i not in constants]
+            sources = [_graph_inputs_of(graph, i, producer) for i in parts]
+            return (
+                len(parts) == 2 and all(len(s) == 1 for s in sources) and sources[0] != sources[1]
+            )
+        stack.extend(node.input)
+    return False
+
+
 def find_cut(proto) -> Cut | None:
     """The cut between encoder and head of a damage model (module docstring), or None.
 
     The head is what ``logits`` and ``embedding`` depend on after the Slice nodes that split the
     encoder's batch; the cut is found only where exactly two Slice nodes read one tensor, cut
-    along the batch axis, and the head depends on no graph input but through them.
+    along the batch axis, the head depends on no graph input but through them, and each half of
+    the encoder's batch comes from one graph input alone (:func:`_rows_independent`).
     """
     graph = proto.graph
     nodes, slices = _ancestry(graph, OUTPUT_NAMES)
@@ -105,6 +154,8 @@ def find_cut(proto) -> Cut | None:
                 or numpy_helper.to_array(values[name]).ravel().tolist() != expected
             ):
                 return None
+    if not _rows_independent(graph, slices[0].input[0]):
+        return None
     bounds = tuple(sorted({i for s in slices for i in s.input[1:3] if i and i not in constant}))
     cut = Cut(slices[0].input[0], bounds)
     # the head may read nothing before the cut but constants

@@ -3,7 +3,8 @@
 The order check grades a sample of each scene again with pre and post exchanged. Those grades
 come from the encoder output kept while the buildings were graded, run through the graph's
 head alone; they must be the grades of the whole graph run on the exchanged chips, bit for bit,
-on the bundled int8 model and on an fp32 model exported by the real pipeline.
+on an int8 and an fp32 model exported by the real pipeline. A network that matches the post chip
+to the pre chip before its encoder (the bundled model's) has no such shortcut.
 """
 
 from __future__ import annotations
@@ -37,9 +38,20 @@ def _chips(n: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return pre, post
 
 
-@pytest.fixture(scope="module", params=["bundled", "fp32"])
-def model(request, score_model):
-    return default_model() if request.param == "bundled" else score_model
+@pytest.fixture(scope="module")
+def int8_model(score_model, tmp_path_factory):
+    """The tiny model's run exported static int8 (QDQ), as the bundled models are."""
+    from local_damage.export.model import export_run
+    from local_damage.export.options import ExportOptions
+
+    out = tmp_path_factory.mktemp("int8") / "tiny.int8.onnx"
+    export_run(score_model.parent / "run", out, ExportOptions(quantize="int8"))
+    return out
+
+
+@pytest.fixture(scope="module", params=["int8", "fp32"])
+def model(request, score_model, int8_model):
+    return int8_model if request.param == "int8" else score_model
 
 
 def _same(a, b) -> None:
@@ -79,9 +91,9 @@ def test_exchanged_from_sides_is_the_graph_on_exchanged_chips(model, rows):
         assert not np.array_equal(got.raw_logits, graded.raw_logits[rows])
 
 
-def test_sides_are_kept_only_where_the_graph_allows():
+def test_sides_are_kept_only_where_the_graph_allows(int8_model):
     """Test-time augmentation averages views the sides do not hold: no sides, no shortcut."""
-    predictor = Predictor(default_model(), threads=1, tta="flips")
+    predictor = Predictor(int8_model, threads=1, tta="flips")
     pre, post = _chips(4, predictor.input_size, 2)
     assert predictor.predict(pre, post, sides=True).sides is None
     assert not predictor.can_exchange
@@ -158,6 +170,44 @@ def test_cut_of_a_traced_siamese_graph():
     assert not np.array_equal(got[0], lo)
 
 
+def test_no_cut_where_the_post_chip_is_matched_to_the_pre_chip_before_the_encoder():
+    """With the post rows normalised by the pre chip's statistics (model.pair_norm), exchanging
+    the pair changes what the encoder sees: no cut, in a toy graph and in the bundled model,
+    whose sides are then never kept and whose order check grades through the whole graph."""
+    import onnx
+    from onnx import helper
+
+    proto = _toy()
+    nodes = list(proto.graph.node)
+    at = next(i for i, n in enumerate(nodes) if n.op_type == "Concat")
+    matched = [
+        helper.make_node("ReduceMean", ["pre"], ["pre_mean"], axes=[1], keepdims=1),
+        helper.make_node("Add", ["post", "pre_mean"], ["post_matched"]),
+    ]
+    nodes[at].input[1] = "post_matched"
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes[:at] + matched + nodes[at:])
+    assert find_cut(_toy()) is not None and find_cut(proto) is None
+    _session(proto)  # still a valid graph
+
+    bundled = Predictor(default_model(), threads=1)
+    assert bundled.metadata["config"]["model"]["pair_norm"] is True
+    assert find_cut(onnx.load(str(default_model()))) is None and not bundled.can_exchange
+    pre, post = _chips(12, bundled.input_size, 4)
+    assert bundled.predict(pre, post, sides=True).sides is None
+
+    from app.scoring.order import OrderSample, grade_order
+
+    sample = OrderSample()
+    for row in range(12):
+        sample.offer(row, pre[row], post[row])
+    result = grade_order(bundled, sample, np.zeros(12, int))
+    assert result.exchanged >= 8  # graded through the network, a step of 8 at a time
+    rows = sample.rows[: result.exchanged]
+    swapped = bundled.predict(post[rows], pre[rows]).probabilities.argmax(1)
+    assert result.damaged_exchanged == pytest.approx(float(np.mean(swapped != 0)))
+
+
 def test_no_cut_where_the_graph_is_not_split_on_the_batch():
     """Slices along another axis, or a head that reads an input directly, are no cut."""
     assert find_cut(_toy(slice_axis=1)) is None
@@ -168,7 +218,7 @@ def test_no_cut_where_the_graph_is_not_split_on_the_batch():
     assert find_cut(proto) is None
 
 
-def test_order_check_grades_the_same_from_sides(synthetic_scene, score_model):
+def test_order_check_grades_the_same_from_sides(synthetic_scene, score_model, int8_model):
     """grade_order on a sample with sides gives what it gives through the whole network, with
     none of the network's encoder runs; a model that cannot is graded through the network."""
     from app.scoring.order import OrderSample, grade_order
@@ -183,7 +233,7 @@ def test_order_check_grades_the_same_from_sides(synthetic_scene, score_model):
             self.calls += 1
             return self.predictor.predict(pre, post, batch_size)
 
-    for model in (default_model(), score_model):
+    for model in (int8_model, score_model):
         predictor = Predictor(model, threads=1)
         pre, post = _chips(40, predictor.input_size, 3)
         graded = predictor.predict(pre, post, sides=True)
@@ -220,17 +270,17 @@ def test_sample_keeps_sides_of_its_rows_only():
         assert (side is None) == (row >= 4)
 
 
-def test_sides_too_large_are_not_kept(monkeypatch):
+def test_sides_too_large_are_not_kept(monkeypatch, int8_model):
     """A feature map over the limit is not kept: no sides, and the model grades exchanged pairs
     through the network from then on."""
     import runtime.predictor as predictor_module
 
-    predictor = Predictor(default_model(), threads=1)
+    predictor = Predictor(int8_model, threads=1)
     pre, post = _chips(4, predictor.input_size, 4)
     kept = predictor.predict(pre, post, sides=True).sides
     assert kept is not None and kept[0].nbytes <= predictor_module.MAX_SIDES_BYTES
     monkeypatch.setattr(predictor_module, "MAX_SIDES_BYTES", kept[0].nbytes - 4)
-    fresh = Predictor(default_model(), threads=1)
+    fresh = Predictor(int8_model, threads=1)
     assert fresh.predict(pre, post, sides=True).sides is None
     assert not fresh.can_exchange
     _same(fresh.predict(pre, post), predictor.predict(pre, post))
