@@ -72,11 +72,19 @@ def _ood_text(block: Any) -> str:
     if not isinstance(block, dict) or block.get("threshold") is None:
         return "off: the model carries no class prototypes (add them with `local-damage calibrate`)"
     src, thr = block.get("prototypes_from") or {}, block.get("threshold_from") or {}
+    carried = thr.get("rank_from_folds")
+    where = (
+        f"threshold flags {_text(thr.get('flagged'))} of {thr.get('n', '?')} buildings of fold "
+        f"{thr.get('fold', '?')}"
+        if not isinstance(carried, dict)
+        else f"threshold carried over from {len(carried.get('folds') or [])} fold models, where "
+        f"it flagged {_text(block.get('quantile'))} of their held-out buildings: it flags "
+        f"{_text(thr.get('flagged'))} of this model's {thr.get('n', '?')} training buildings"
+    )
     return (
         f"on, when the largest cosine to a class prototype is below "
         f"{_text(float(block['threshold']))} (prototypes from {src.get('selection', '?')}; "
-        f"threshold flags {_text(thr.get('flagged'))} of {thr.get('n', '?')} buildings of fold "
-        f"{thr.get('fold', '?')})"
+        f"{where})"
     )
 
 

@@ -127,6 +127,10 @@ def test_bundled_default_model_serves_the_app_examples(tmp_path):
     assert card["calibration"]["method"] == "raw"
     assert "out-of-fold" in card["calibration"]["fitted_on"]["selection"]
     assert card["ood"]["threshold_from"]["rank_from_folds"]["folds"]
+    assert (
+        "threshold carried over from 2 fold models, where it flagged 0.0100 of their held-out"
+        in (card_markdown(predictor))
+    )
 
     examples = make_examples(tmp_path / "examples")
     pre, post, labels = examples["tile"][0]
