@@ -134,7 +134,8 @@ default-model: default-model-cv
 ## The previous default model (commit 576f257; docs/experiments/cv.md): the four-event recipe's run
 ## of tile fold 2 (reused when present; about 65 minutes on one thread), exported int8 with the raw
 ## probabilities and the ood prototypes and threshold, scored on fold 2, and exported again with
-## those held-out figures, to work/default-model/four-event.onnx.
+## those held-out figures, to work/default-model/four-event.onnx (today's exporter keeps the int8
+## front end in float, so a few grades may differ from the file of that commit).
 four-event-model: all-chips
 	OMP_NUM_THREADS=1 $(BIN)/local-damage cv --config $(RECIPE) --chips $(ALL_CHIPS) \
 		--out $(CV_OUT) --folds $(DEFAULT_FOLD) --views 1 --quiet
