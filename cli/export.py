@@ -22,7 +22,7 @@ from runtime.evaluation.calibrate import (
     format_ood,
 )
 from runtime.evaluation.chips import select_chips, store_folds
-from runtime.evaluation.out_of_fold import calibrate_from_folds
+from runtime.evaluation.out_of_fold import calibrate_from_folds, check_inputs
 
 if TYPE_CHECKING:
     from local_damage.export.model import RunExport
@@ -183,6 +183,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_then_calibrate(export: RunExport, out: Path, calibrate) -> dict[str, Any]:
+    """Export to a staged file, then ``calibrate(staged)`` it into ``out`` (so a failed fit
+    leaves nothing at ``out``); write the parity report to ``NAME.parity.json``.
+
+    Returns:
+        The parity report with the ``calibration`` and ``ood`` blocks stored in the model.
+    """
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        staged = Path(tmp) / "staged.onnx"
+        report = export.write(staged)
+        calibrated = calibrate(staged)
+    write_json(out.with_suffix(".parity.json"), report)
+    return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}
+
+
 def export_out_of_fold(
     export: RunExport,
     out: Path,
@@ -190,42 +205,30 @@ def export_out_of_fold(
     fold_runs: list[str],
     temperature: bool = True,
 ) -> dict[str, Any]:
-    """Export to a staged file, then calibrate it from its recipe's cross-validation into ``out``
-    (:func:`runtime.evaluation.out_of_fold.calibrate_from_folds`).
-
-    Returns:
-        The parity report (also written to ``NAME.parity.json``) with the ``calibration`` and
-        ``ood`` blocks stored in the model.
-    """
-    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
-        staged = Path(tmp) / "staged.onnx"
-        report = export.write(staged)
-        calibrated = calibrate_from_folds(
+    """Export, then calibrate from the recipe's cross-validation into ``out``
+    (:func:`runtime.evaluation.out_of_fold.calibrate_from_folds`); missing inputs fail before
+    any work (:func:`runtime.evaluation.out_of_fold.check_inputs`)."""
+    check_inputs(oof_predictions, fold_runs)
+    return _export_then_calibrate(
+        export,
+        out,
+        lambda staged: calibrate_from_folds(
             staged, export.store, out, oof_predictions, fold_runs, temperature=temperature
-        )
-    write_json(out.with_suffix(".parity.json"), report)
-    return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}
+        ),
+    )
 
 
 def export_calibrated(
     export: RunExport, out: Path, fold: int, temperature: bool = True
 ) -> dict[str, Any]:
-    """Export to a staged file, then calibrate it on ``fold`` of the export's chip store into
-    ``out`` (so a failed fit leaves nothing at ``out``); the class prototypes of the ``ood``
-    flag come from the other folds except the run's held-out one. ``temperature=False`` keeps
-    the raw probabilities (:func:`runtime.evaluation.calibrate.calibrate_model`).
-
-    Returns:
-        The parity report (also written to ``NAME.parity.json``) with the ``calibration`` and
-        ``ood`` blocks stored in the model.
-    """
+    """Export, then calibrate on ``fold`` of the export's chip store into ``out``; the class
+    prototypes of the ``ood`` flag come from the other folds except the run's held-out one.
+    ``temperature=False`` keeps the raw probabilities
+    (:func:`runtime.evaluation.calibrate.calibrate_model`)."""
     select_chips(export.store, fold)  # a missing fold fails here, before any work
     holdout = export.info.summary.get("holdout")
     folds = [f for f in store_folds(export.store) if f not in (fold, holdout)]
-    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
-        staged = Path(tmp) / "staged.onnx"
-        report = export.write(staged)
-        options = CalibrationOptions(fold=fold, prototype_folds=folds, temperature=temperature)
-        calibrated = calibrate_model(staged, export.store, out, options)
-    write_json(out.with_suffix(".parity.json"), report)
-    return {**report, "calibration": calibrated["calibration"], "ood": calibrated["ood"]}
+    options = CalibrationOptions(fold=fold, prototype_folds=folds, temperature=temperature)
+    return _export_then_calibrate(
+        export, out, lambda staged: calibrate_model(staged, export.store, out, options)
+    )

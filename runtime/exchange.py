@@ -51,27 +51,42 @@ class Cut:
         return helper.make_tensor_value_info(name, elem, None)
 
 
-def _ancestry(graph, outputs):
-    """``(nodes, slices)``: the nodes ``outputs`` depend on, stopping at Slice nodes (which
-    are kept apart), in the graph's order."""
-    producer = {out: node for node in graph.node for out in node.output}
-    constants = {init.name for init in graph.initializer}
-    wanted: set[int] = set()
-    slices: list = []
-    stack, seen = list(outputs), set()
+def _upstream(producer: dict, start, skip=frozenset(), stop=lambda node: False):
+    """``(tensor, producing node or None)`` of every tensor ``start`` depends on, each once,
+    walking back through producers; tensors in ``skip`` are left out, and the walk does not go
+    past a node for which ``stop`` is true (it is still yielded)."""
+    stack, seen = list(start), set()
     while stack:
         name = stack.pop()
-        if name in seen or name in constants:
+        if not name or name in seen or name in skip:
             continue
         seen.add(name)
         node = producer.get(name)
+        yield name, node
+        if node is not None and not stop(node):
+            stack.extend(node.input)
+
+
+def _producers(graph) -> dict:
+    return {out: node for node in graph.node for out in node.output}
+
+
+def _ancestry(graph, outputs):
+    """``(nodes, slices)``: the nodes ``outputs`` depend on, stopping at Slice nodes (which
+    are kept apart), in the graph's order."""
+    constants = {init.name for init in graph.initializer}
+    # the node objects are told apart by id(): the producer map keeps them alive meanwhile
+    producer = _producers(graph)
+    walk = _upstream(producer, outputs, constants, lambda n: n.op_type == "Slice")
+    wanted: set[int] = set()
+    slices: list = []
+    for _, node in walk:
         if node is None:
             continue
         if node.op_type == "Slice":  # reached once: through its one output
             slices.append(node)
-            continue
-        wanted.add(id(node))
-        stack.extend(i for i in node.input if i)
+        else:
+            wanted.add(id(node))
     return [n for n in graph.node if id(n) in wanted], slices
 
 
@@ -85,48 +100,24 @@ def _constants(graph) -> dict:
     return out
 
 
-def _graph_inputs_of(graph, name: str, producer: dict) -> set[str]:
-    """The graph inputs a tensor depends on."""
-    inputs = {i.name for i in graph.input}
-    found: set[str] = set()
-    stack, seen = [name], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or not n:
-            continue
-        seen.add(n)
-        if n in inputs:
-            found.add(n)
-        node = producer.get(n)
-        if node is not None:
-            stack.extend(node.input)
-    return found
-
-
 def _rows_independent(graph, features: str) -> bool:
     """Whether each half of the encoder's batch comes from one graph input alone: the batch is
     a Concat of two tensors, the first depending on one input only and the second on the
     other only. A network that normalises the post chip by the pre chip's statistics before the
     encoder (``model.pair_norm``) is not: its post rows change when pre and post are exchanged,
     so the encoder must run again."""
-    producer = {out: node for node in graph.node for out in node.output}
-    constants = set(_constants(graph))
-    stack, seen = [features], set()
-    while stack:  # back from the feature map to the Concat that assembled the batch
-        name = stack.pop()
-        if name in seen or name in constants:
-            continue
-        seen.add(name)
-        node = producer.get(name)
-        if node is None:
-            continue
-        if node.op_type == "Concat":
-            parts = [i for i in node.input if i and i not in constants]
-            sources = [_graph_inputs_of(graph, i, producer) for i in parts]
-            return (
-                len(parts) == 2 and all(len(s) == 1 for s in sources) and sources[0] != sources[1]
-            )
-        stack.extend(node.input)
+    producer, constants = _producers(graph), set(_constants(graph))
+    inputs = {i.name for i in graph.input}
+
+    def sources(name: str) -> set[str]:
+        return {t for t, _ in _upstream(producer, [name]) if t in inputs}
+
+    # back from the feature map to the Concat that assembled the batch
+    is_concat = lambda node: node.op_type == "Concat"  # noqa: E731
+    for _, node in _upstream(producer, [features], constants, is_concat):
+        if node is not None and is_concat(node):
+            parts = [sources(i) for i in node.input if i and i not in constants]
+            return len(parts) == 2 and all(len(p) == 1 for p in parts) and parts[0] != parts[1]
     return False
 
 

@@ -47,6 +47,32 @@ from runtime.predictor import softmax
 EMBEDDINGS = "embeddings.npz"
 
 
+def check_inputs(oof_predictions: str | Path, fold_runs: Sequence[str | Path]) -> None:
+    """Fail before any work when the out-of-fold predictions or a fold's embeddings are missing.
+
+    Raises:
+        CalibrationError: naming the missing file.
+    """
+    _check_oof(Path(oof_predictions))
+    _check_folds(fold_runs)
+
+
+def _check_oof(path: Path) -> None:
+    if not path.is_file():
+        raise CalibrationError(f"{path}: no out-of-fold predictions there (oof_predictions.csv)")
+
+
+def _check_folds(fold_runs: Sequence[str | Path]) -> None:
+    if not fold_runs:
+        raise CalibrationError("no fold runs to carry the ood threshold over from")
+    for run in map(Path, fold_runs):
+        if not (run / EMBEDDINGS).is_file():
+            raise CalibrationError(
+                f"{run / EMBEDDINGS}: no fold embeddings; `python -m "
+                f"local_damage.experiments.fold_extras {run} CHIPS FOLD` writes them"
+            )
+
+
 def read_oof_logits(path: str | Path, class_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """``(logits [N, K], labels [N])`` of an ``oof_predictions.csv``, columns in the model's class
     order.
@@ -56,8 +82,7 @@ def read_oof_logits(path: str | Path, class_names: Sequence[str]) -> tuple[np.nd
             column of one of ``class_names``, or holds no row.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CalibrationError(f"{path}: no out-of-fold predictions there (oof_predictions.csv)")
+    _check_oof(path)
     df = pd.read_csv(path)
     wanted = ["label", *(f"logit_{name}" for name in class_names)]
     missing = [c for c in wanted if c not in df.columns]
@@ -94,17 +119,11 @@ def fold_ranks(
     Raises:
         CalibrationError: no fold run, a run without embeddings, or chips not in the store.
     """
-    if not fold_runs:
-        raise CalibrationError("no fold runs to carry the ood threshold over from")
+    _check_folds(fold_runs)
     labels = read_manifest(chips).set_index("chip_id")["label"]
     folds = []
     for run in map(Path, fold_runs):
         path = run / EMBEDDINGS
-        if not path.is_file():
-            raise CalibrationError(
-                f"{path}: no fold embeddings; `python -m local_damage.experiments.fold_extras "
-                f"{run} CHIPS FOLD` writes them"
-            )
         with np.load(path) as data:
             train_ids, train_z = data["train_ids"], data["train_z"].astype(np.float64)
             test_z = data["test_z"].astype(np.float64)
@@ -162,6 +181,7 @@ def calibrate_from_folds(
     model, chips, out = Path(model), Path(chips), Path(out)
     if out.suffix != ".onnx":
         raise CalibrationError(f"{out}: the model file name must end in .onnx")
+    check_inputs(oof_predictions, fold_runs)
     scorer = OnnxScorer(model)
     names = list(scorer.class_names)
     logits, y_oof = read_oof_logits(oof_predictions, names)

@@ -156,6 +156,13 @@ def test_export_out_of_fold(score_model, embedded, tmp_path, capsys):
 
     assert main([*base, "--oof-predictions", str(oof)]) == 2
     assert "--oof-predictions and --oof-folds go together" in capsys.readouterr().err
+    # a fold run without embeddings is named before any export, and nothing is written
+    bad, empty = tmp_path / "bad.onnx", tmp_path / "empty-fold"
+    empty.mkdir()
+    args = [*base[:-1], str(bad), "--oof-predictions", str(oof), "--oof-folds", str(empty)]
+    assert main(args) == 2
+    assert "empty-fold/embeddings.npz: no fold embeddings" in capsys.readouterr().err
+    assert not bad.exists() and not bad.with_suffix(".parity.json").exists()
     both = [*base, "--oof-predictions", str(oof), "--oof-folds", str(fold), "--calibrate-fold"]
     assert main([*both, "0"]) == 2
     assert "not both" in capsys.readouterr().err
