@@ -99,6 +99,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--inner-seed", type=int, default=0, metavar="S", help="seed of the inner folds (default 0)"
     )
+    p.add_argument(
+        "--max-false-alarm",
+        type=float,
+        metavar="F",
+        help="with --inner: only recipes whose inner folds call at most this share of intact "
+        "buildings damaged compete on macro-F1 (none: the one calling the fewest), e.g. 0.10",
+    )
     p.add_argument("--quiet", action="store_true", help="no training progress bars or epoch lines")
     add_report_args(p, quiet=False)
     p.set_defaults(func=run)
@@ -119,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         views=args.views,
         inner=args.inner,
         inner_seed=args.inner_seed,
+        max_false_alarm=args.max_false_alarm,
         progress=not args.quiet,
     )
     try:

@@ -75,6 +75,9 @@ class CVOptions:
         inner: 0 reports every config as a method; ``K >= 2`` chooses one config per outer fold
             on ``K`` inner folds of its training tiles and reports the choices as ``selected``.
         inner_seed: seed of the inner folds' dealing.
+        max_false_alarm: with ``inner``, None (choose on macro-F1 alone) or the ceiling on the
+            mean inner share of intact buildings called damaged a chosen recipe may have
+            (:func:`~local_damage.experiments.nested.pick`).
         progress: show training progress bars and per-epoch lines.
     """
 
@@ -83,6 +86,7 @@ class CVOptions:
     views: int = 2
     inner: int = 0
     inner_seed: int = 0
+    max_false_alarm: float | None = None
     progress: bool = True
 
 
@@ -352,6 +356,12 @@ def cross_validate(
         raise CrossValidationError(
             f"--inner must be 0 (no recipe choice) or at least 2, got {inner}"
         )
+    ceiling = options.max_false_alarm
+    if ceiling is not None and not (inner and 0.0 <= ceiling <= 1.0):
+        raise CrossValidationError(
+            f"--max-false-alarm must be a share in [0, 1] and goes with --inner K, got {ceiling}"
+            + ("" if inner else " without --inner")
+        )
     if inner and holdout is not None:
         raise CrossValidationError(
             "--inner and --holdout do not go together: each outer fold is a test fold"
@@ -386,10 +396,7 @@ def cross_validate(
                 chips,
                 out,
                 folds,
-                inner,
-                options.inner_seed,
-                views,
-                progress,
+                options,
                 class_names,
                 failed,
             )
@@ -439,6 +446,7 @@ def cross_validate(
         "holdout": holdout,
         "overrides": list(overrides),
         "inner": inner,
+        "max_false_alarm": options.max_false_alarm if inner else None,
         "class_names": class_names,
         "prevalence": prevalence(chips, folds, class_names),
         "methods": methods,
@@ -449,19 +457,26 @@ def cross_validate(
     return results
 
 
-def _selected_method(
-    candidates, chips, out, folds, inner, inner_seed, views, progress, class_names, failed
-) -> dict[str, Any]:
+def _selected_method(candidates, chips, out, folds, options, class_names, failed) -> dict[str, Any]:
     """Per outer fold: choose a candidate on inner folds, train it without the fold, score it."""
     by_name = dict(candidates)
     fold_metrics: dict[str, dict] = {}
     recipes: dict[str, str] = {}
     for fold in folds:
         try:
-            chosen, _ = choose_recipe(candidates, chips, out, fold, inner, inner_seed, progress)
+            chosen, _ = choose_recipe(
+                candidates,
+                chips,
+                out,
+                fold,
+                options.inner,
+                options.inner_seed,
+                options.progress,
+                max_false_alarm=options.max_false_alarm,
+            )
             run = out / "selected" / f"fold{fold}"
             metrics, how = run_fold(
-                by_name[chosen], chips, run, fold, views=views, progress=progress
+                by_name[chosen], chips, run, fold, views=options.views, progress=options.progress
             )
         except FOLD_ERRORS as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)

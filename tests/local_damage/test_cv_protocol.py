@@ -177,3 +177,40 @@ def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
     assert (out / "selected" / OOF_CSV).is_file()
     assert "| selected |" in (out / "cv_table.md").read_text()
     assert main([*argv, "--inner", "1"]) != 0
+    # every candidate's intact false alarms are recorded beside its macro-F1
+    for name in ("local", "ce"):
+        alarm = selection["candidates"][name]["false_alarm"]
+        assert alarm is None or 0.0 <= alarm <= 1.0
+    assert selection["max_false_alarm"] is None and "macro-F1" in selection["rule"]
+    # a ceiling needs --inner and must be a share
+    assert main([*argv, "--max-false-alarm", "0.1"]) != 0
+    assert main([*argv, "--inner", "2", "--max-false-alarm", "1.5"]) != 0
+
+
+def scores(**named):
+    return {n: {"mean": f1, "false_alarm": fa} for n, (f1, fa) in named.items()}
+
+
+def test_pick_with_a_false_alarm_ceiling():
+    from local_damage.experiments.nested import pick
+
+    found = scores(eager=(0.57, 0.24), careful=(0.46, 0.08), timid=(0.40, 0.02))
+    assert pick(found)[0] == "eager"  # macro-F1 alone
+    chosen, rule = pick(found, max_false_alarm=0.10)
+    assert chosen == "careful" and "10%" in rule  # the best macro-F1 under the ceiling
+    assert pick(found, max_false_alarm=0.25)[0] == "eager"
+    chosen, rule = pick(found, max_false_alarm=0.01)
+    assert chosen == "timid" and "fewest" in rule  # none under it: the fewest false alarms
+    # ties go to the candidate given first, with or without a ceiling
+    tied = scores(first=(0.5, 0.05), second=(0.5, 0.05))
+    assert pick(tied)[0] == "first" and pick(tied, 0.1)[0] == "first"
+    assert pick(tied, 0.0)[0] == "first"
+
+
+def test_intact_called_damaged_reads_the_intact_row():
+    from local_damage.experiments.nested import intact_called_damaged
+
+    cm = [[80, 15, 4, 1], [10, 5, 0, 0], [0, 0, 3, 0], [0, 0, 0, 2]]
+    assert intact_called_damaged({"confusion_matrix": cm}) == pytest.approx(0.20)
+    cm[0] = [0, 0, 0, 0]
+    assert intact_called_damaged({"confusion_matrix": cm}) is None
