@@ -12,6 +12,10 @@ the fold runs: those with ``embeddings.npz`` (``fold_extras``). For every test t
   familiarity below the reference, which for a model trained on every tile is the rank among
   its training chips carried over from the block folds (:mod:`runtime.evaluation.out_of_fold`);
   each fold model is judged here with the same rank of its own training chips;
+- a nearest-neighbour rule (Sun et al. 2022, "Out-of-distribution detection with deep nearest
+  neighbors"): a chip's cosine similarity to its 10th nearest training chip in the unit
+  embedding, the tile's median below the 0.1 quantile of the training chips' own (each left out
+  of its neighbours);
 - a confidence rule: the tile's mean top probability below the 0.1 quantile of the block
   folds' test tiles' (new areas of the training events).
 """
@@ -38,7 +42,22 @@ args = p.parse_args()
 ranks = fold_ranks(args.block_chips, args.block_folds, 4)
 scene_rank = ranks["ranks"][1]
 print(f"scene rank carried over from {len(args.block_folds)} block folds: {scene_rank:.4f}")
-print("embedding rule (the model file's):")
+#: The neighbour whose similarity the nearest-neighbour rule reads.
+NEIGHBOUR = 10
+
+
+def unit(z):
+    return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+def neighbour_similarity(test_z, train_z, leave_out=False):
+    sims = unit(test_z) @ unit(train_z).T
+    if leave_out:
+        np.fill_diagonal(sims, -np.inf)
+    return np.sort(sims, axis=1)[:, -NEIGHBOUR]
+
+
+print("embedding rule (the model file's) and nearest-neighbour rule:")
 for chips, runs in ((args.block_chips, args.block_folds), (args.event_chips, args.event_folds)):
     manifest = read_manifest(chips).set_index("chip_id")
     for run in runs:
@@ -54,13 +73,19 @@ for chips, runs in ((args.block_chips, args.block_folds), (args.event_chips, arg
                 "f": ood_scores(test_z, protos),
             }
         )
-        per = frame.groupby(["event", "tile"]).f.agg(["median", "size"])
+        frame["knn"] = neighbour_similarity(test_z, train_z)
+        knn_reference = np.quantile(neighbour_similarity(train_z, train_z, True), QUANTILE)
+        per = frame.groupby(["event", "tile"]).agg(
+            median=("f", "median"), knn=("knn", "median"), size=("f", "size")
+        )
         per = per[per["size"] >= MIN_BUILDINGS]
         for event, g in per.groupby(level=0):
             print(
                 f"  {run}: {event}: {int((g['median'] < reference).sum())} of {len(g)} tiles "
                 f"unfamiliar (reference {reference:.3f}; tile medians "
-                f"{g['median'].min():.3f}-{g['median'].max():.3f})"
+                f"{g['median'].min():.3f}-{g['median'].max():.3f}); nearest-neighbour rule "
+                f"{int((g['knn'] < knn_reference).sum())} of {len(g)} (reference "
+                f"{knn_reference:.3f}; tile medians {g['knn'].min():.3f}-{g['knn'].max():.3f})"
             )
 
 
