@@ -134,18 +134,10 @@ def bench_new_tile(
                     continue
                 start = time.perf_counter()
                 if arm == "heads":
-                    try:
-                        a = adapt_head(
-                            raw[given],
-                            p.embedding[given],
-                            y[given],
-                            BaseModel(len(names), t0, protos),
-                            tiles=tile[given],
-                        )
-                        pred = a.head.log_probabilities(raw[rest], p.embedding[rest]).argmax(1)
-                        head = a.head.method
-                    except AdaptError:  # adapt refuses: the analyst keeps the base model
-                        pred, head = base_pred[rest], "base (refused)"
+                    pred, head = head_predictions(
+                        raw, p.embedding, y, given, rest, tile, BaseModel(len(names), t0, protos)
+                    )
+                    pred = base_pred[rest] if pred is None else pred
                 else:
                     unl = rest if arm == "semi" else None
                     pred, head = tuned_predictions(
@@ -168,6 +160,17 @@ def bench_new_tile(
         "rows": rows,
         "summary": summarise(rows),
     }
+
+
+def head_predictions(raw, embedding, labels, given, rest, tiles, base: BaseModel):
+    """``(predicted classes of rest, the head kept)`` of the head ``adapt`` fits to the labels
+    ``given`` (grouped by ``tiles``); ``(None, "base (refused)")`` when ``adapt`` refuses them and
+    the analyst keeps the base model."""
+    try:
+        a = adapt_head(raw[given], embedding[given], labels[given], base, tiles=tiles[given])
+    except AdaptError:
+        return None, "base (refused)"
+    return a.head.log_probabilities(raw[rest], embedding[rest]).argmax(1), a.head.method
 
 
 def tuned_predictions(weights, b, given, rest, unlabelled, base_pred, seed, options=None):

@@ -21,14 +21,14 @@ import time
 
 import numpy as np
 
-from app.adapt.fit import AdaptError, BaseModel, adapt_head
+from app.adapt.fit import BaseModel
 from app.adapt.labelled import from_chip_store
 from app.adapt.model import base_of, base_prototypes
 from local_damage.adapt.finetune import weights_beside
 from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.training_tiles import training_tiles
-from studies.newtile import tuned_predictions
+from studies.newtile import head_predictions, tuned_predictions
 
 
 def figures(y, pred, names) -> dict:
@@ -82,18 +82,10 @@ def main() -> None:
                 continue
             start = time.perf_counter()
             if arm == "heads":
-                try:
-                    a = adapt_head(
-                        raw[given],
-                        p.embedding[given],
-                        y[given],
-                        BaseModel(len(names), t0, protos),
-                        tiles=tile[given],
-                    )
-                    pred = a.head.log_probabilities(raw[rest], p.embedding[rest]).argmax(1)
-                    kept = a.head.method
-                except AdaptError:
-                    pred, kept = base_pred[rest], "base (refused)"
+                pred, kept = head_predictions(
+                    raw, p.embedding, y, given, rest, tile, BaseModel(len(names), t0, protos)
+                )
+                pred = base_pred[rest] if pred is None else pred
             else:
                 unlabelled = rest if arm == "semi" else None
                 pred, kept = tuned_predictions(
