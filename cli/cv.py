@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from cli.options import add_report_args
+from cli.options import add_report_args, comma_list, cost_type
 
 #: The cross-validation's logger: its fold lines show even with --quiet (which silences the
 #: training progress bars and epoch lines).
@@ -106,6 +106,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --inner: only recipes whose inner folds call at most this share of intact "
         "buildings damaged compete on macro-F1 (none: the one calling the fewest), e.g. 0.10",
     )
+    p.add_argument(
+        "--costs",
+        type=comma_list(cost_type, "false-alarm costs", "1,2,3"),
+        metavar="C,C,...",
+        help="with --inner: try every config under each false-alarm cost (`score "
+        "--false-alarm-cost`; each inner model is trained once and graded again); the chosen "
+        "cost becomes the outer run's grade.false_alarm_cost, which `export` writes as the "
+        "model's own rule (default: each config's own grade.false_alarm_cost)",
+    )
     p.add_argument("--quiet", action="store_true", help="no training progress bars or epoch lines")
     add_report_args(p, quiet=False)
     p.set_defaults(func=run)
@@ -127,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         inner=args.inner,
         inner_seed=args.inner_seed,
         max_false_alarm=args.max_false_alarm,
+        costs=args.costs,
         progress=not args.quiet,
     )
     try:

@@ -18,6 +18,7 @@ from cli.options import (
     add_report_args,
     add_seed_arg,
     add_xbd_args,
+    cost_type,
 )
 from data_prep.errors import UsageError
 from runtime.evaluation.evaluate import (
@@ -87,6 +88,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "flips or the 8 turns and mirrors (default none; docs/experiments/results.md measures it)",
     )
     p.add_argument(
+        "--false-alarm-cost",
+        type=cost_type,
+        metavar="C",
+        help="grade as `score --false-alarm-cost C` does: a damaged grade only where at least C "
+        "times as probable as no-damage (default: the model's own rule, 1 unless its card says "
+        "otherwise)",
+    )
+    p.add_argument(
         "--device", default="auto", help="PyTorch device for --run: auto (the run's), cpu, cuda[:N]"
     )
     p.add_argument(
@@ -119,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         progress=not args.quiet,
+        false_alarm_cost=args.false_alarm_cost,
     )
     model = args.model if args.model or args.run else str(default_model())
     scorer = load_scorer(args.run, model, args.device, args.tta, args.views)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cli.options import add_json_switch, add_report_args
+from cli.options import add_json_switch, add_report_args, cost_type
 from data_prep.errors import UsageError
 from data_prep.store import write_json
 from local_damage.export.options import DEFAULT_OPSET, ExportOptions, check_out
@@ -121,6 +121,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "threshold are stored as usual",
     )
     p.add_argument(
+        "--false-alarm-cost",
+        type=cost_type,
+        metavar="C",
+        help="the model's own grade rule, which `score` and the app use when the analyst sets no "
+        "cost: a damaged grade only where at least C times as probable as no-damage (default: "
+        "the run config's grade.false_alarm_cost, 1 unless set: the most probable grade)",
+    )
+    p.add_argument(
         "--weights",
         metavar="NAME.safetensors",
         help="also write the run's weights as fp16 safetensors, small enough to ship next to the "
@@ -158,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             int8_method=args.int8_method,
             change_map=args.change_map,
             test_metrics=args.test_metrics,
+            false_alarm_cost=args.false_alarm_cost,
         ),
     )
     if oof:

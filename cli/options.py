@@ -25,6 +25,7 @@ from data_prep.engine import SCHEDULER_ENV, Engine
 from data_prep.errors import UsageError
 from data_prep.quality import MAX_PIXELS, MAX_PIXELS_ENV, max_pixels
 from data_prep.spec import ChipSpec
+from runtime.grading import check_cost
 from runtime.registry import resolve_model
 
 #: What ``--model`` takes, said once for every command's help.
@@ -33,6 +34,14 @@ MODEL_CHOICE = "a bundled model's name (default) or an .onnx file from `local-da
 LOCALIZER_CHOICE = (
     "a bundled localiser's name (localizer) or an .onnx file from `local-damage localize export`"
 )
+
+
+def cost_type(text: str) -> float:
+    """A false-alarm cost on the command line (:func:`runtime.grading.check_cost`)."""
+    try:
+        return check_cost(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:

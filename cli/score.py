@@ -29,13 +29,13 @@ from cli.options import (
     add_output_args,
     add_report_args,
     align_argument,
+    cost_type,
     engine_of,
     max_pixels_argument,
     resolve_max_pixels,
 )
 from data_prep.errors import UsageError
 from runtime.contract import ModelError
-from runtime.grading import check_cost
 from runtime.localizer import load_localizer
 from runtime.predictor import TTA_VIEWS, Predictor
 from runtime.registry import default_localizer, default_model, default_models_dir
@@ -91,23 +91,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--false-alarm-cost",
-        type=_cost,
-        default=1.0,
+        type=cost_type,
+        default=None,
         metavar="C",
         help="grade a building damaged only where that grade is at least C times as probable "
         "as no-damage: the grade of least expected cost when calling an intact building "
-        "damaged costs C times any other mistake (default 1: the most probable grade; the "
-        "probabilities are unchanged; what each C costs in missed damage: docs/scoring.md)",
+        "damaged costs C times any other mistake (1: the most probable grade; default: the "
+        "model's own rule, its card's grade_rule, 1 when it has none; the probabilities are "
+        "unchanged; what each C costs in missed damage: docs/scoring.md)",
     )
     max_pixels_argument(parser)
     align_argument(parser)
-
-
-def _cost(text: str) -> float:
-    try:
-        return check_cost(float(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _map_argument(parser: argparse.ArgumentParser, metavar: str | None, where: str) -> None:

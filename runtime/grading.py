@@ -69,3 +69,40 @@ def rule_text(false_alarm_cost: float) -> str:
     if cost == 1.0:
         return "the most probable grade"
     return f"a damaged grade only where at least {cost:g} times as probable as no-damage"
+
+
+#: Metadata key of a model's own grade rule: ``{"false_alarm_cost", "rule"}``, the cost its
+#: grades are given with when the analyst sets none (chosen with its recipe on inner folds).
+GRADE_RULE_KEY = "grade_rule"
+
+
+def grade_rule_block(false_alarm_cost: float) -> dict:
+    """The ``grade_rule`` metadata of a model whose default false-alarm cost is this."""
+    cost = check_cost(false_alarm_cost)
+    return {"false_alarm_cost": cost, "rule": rule_text(cost)}
+
+
+def read_default_cost(metadata, path) -> float:
+    """The false-alarm cost a model grades with by default: its ``grade_rule`` metadata's, 1 (the
+    most probable grade) when it has none.
+
+    Raises:
+        ValueError: a ``grade_rule`` without a positive finite ``false_alarm_cost``, naming
+            ``path``.
+    """
+    block = metadata.get(GRADE_RULE_KEY)
+    if block is None:
+        return 1.0
+    cost = block.get("false_alarm_cost") if isinstance(block, dict) else None
+    try:
+        return check_cost(cost)
+    except ValueError:
+        raise ValueError(
+            f"{path}: metadata {GRADE_RULE_KEY} must hold a positive finite false_alarm_cost, "
+            f"got {block!r}"
+        ) from None
+
+
+def resolve_cost(given: float | None, default: float) -> float:
+    """The cost grades are given with: ``given`` (the analyst's), else the model's ``default``."""
+    return check_cost(default if given is None else given)

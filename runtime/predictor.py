@@ -42,6 +42,7 @@ from runtime.contract import (
 )
 from runtime.exchange import find_cut, head_model, with_outputs
 from runtime.flags import ood_summary
+from runtime.grading import GRADE_RULE_KEY, NO_DAMAGE, grade_rule_block, read_default_cost
 from runtime.head import adaptation_summary, read_head
 
 #: Test-time augmentation: the views of a chip pair whose outputs are averaged, as
@@ -147,12 +148,15 @@ class Predictor:
             None for an uncalibrated model (``T = 1``).
         head: the adapted head (:class:`runtime.head.Head`) applied to the graph's output; None
             for a model that was not adapted.
+        false_alarm_cost: the false-alarm cost the model's grades are given with when the
+            analyst sets none (its ``grade_rule`` metadata, :mod:`runtime.grading`; 1, the most
+            probable grade, when it has none).
         providers: the providers the session actually uses.
 
     Raises:
         ModelError: the file is missing, is not an ONNX model, lacks a required metadata prop,
             or its inputs/outputs are not those of a local-damage model, or its calibration
-            metadata holds no valid temperature.
+            metadata holds no valid temperature, or its grade rule no valid false-alarm cost.
     """
 
     def __init__(
@@ -252,8 +256,14 @@ class Predictor:
 
         try:
             self.head = read_head(md, len(self.class_names), self.embedding_dim, self.path)
+            self.false_alarm_cost: float = read_default_cost(md, self.path)
         except ValueError as exc:
             raise ModelError(str(exc)) from exc
+        if self.false_alarm_cost != 1.0 and NO_DAMAGE not in self.class_names:
+            raise self._fail(
+                f"metadata {GRADE_RULE_KEY} sets a false-alarm cost, which needs a "
+                f"{NO_DAMAGE!r} class; its classes are {', '.join(self.class_names)}"
+            )
 
     def predict(
         self,
@@ -423,7 +433,8 @@ class Predictor:
     def card(self) -> dict[str, Any]:
         """What a model picker shows: name, classes, training data, validation and held-out test
         metrics, calibration, the ``ood`` flag's threshold and where it came from (None: the
-        model never flags ``ood``), the adapted head without its weights (None: not adapted),
+        model never flags ``ood``), the grade rule it gives grades with when the analyst sets no
+        false-alarm cost (``grade_rule``), the adapted head without its weights (None: not adapted),
         licence, chip spec, input size, precision, parity, the
         providers in use and the test-time augmentation (``tta``)."""
 
@@ -446,6 +457,7 @@ class Predictor:
             "validation_metrics": md.get("validation_metrics"),
             "test_metrics": md.get("test_metrics"),
             "calibration": md.get("calibration"),
+            "grade_rule": grade_rule_block(self.false_alarm_cost),
             "ood": ood_summary(md),
             "adaptation": adaptation_summary(md),
             "license": md.get("license"),

@@ -29,7 +29,7 @@ from data_prep.report import Skipped
 from data_prep.timing import stage_table
 from runtime.familiarity import scene_warning
 from runtime.flags import BLANK as BLANK_FLAG
-from runtime.grading import check_cost, rule_text
+from runtime.grading import check_cost, resolve_cost, rule_text
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -82,7 +82,8 @@ class ScoreOptions:
         profile: keep the seconds of every stage in the report (:attr:`ScoreReport.stages`),
             which its summary and its dict then show.
         false_alarm_cost: a damaged grade only where at least this many times as probable as
-            no-damage (:mod:`runtime.grading`; 1: the most probable grade).
+            no-damage (:mod:`runtime.grading`; 1: the most probable grade); None: the model's
+            own rule (its ``grade_rule`` metadata, :attr:`runtime.predictor.Predictor.false_alarm_cost`).
         largest_building_px: buildings the localiser found (``source`` ``detected``) whose
             footprint covers more pixels of the pre imagery than this are flagged ``oversized``:
             larger than any building the localiser learnt from (its metadata's
@@ -95,11 +96,12 @@ class ScoreOptions:
     align: str = "auto"
     progress: bool = True
     profile: bool = False
-    false_alarm_cost: float = 1.0
+    false_alarm_cost: float | None = None
     largest_building_px: int | None = None
 
     def __post_init__(self) -> None:
-        check_cost(self.false_alarm_cost)
+        if self.false_alarm_cost is not None:
+            check_cost(self.false_alarm_cost)
         if self.largest_building_px is not None and not self.largest_building_px > 0:
             raise ValueError(
                 f"largest_building_px must be positive, got {self.largest_building_px!r}"
@@ -144,8 +146,8 @@ class ScoreReport:
         stages: seconds per stage of the run (``open``, ``align``, ``plan``, ``read``, ``cut``,
             ``context``, ``infer``, ``flags``, ``order``, ``outputs``), only when asked for
             (:attr:`ScoreOptions.profile`); empty otherwise.
-        grade_rule: ``{"false_alarm_cost", "rule"}`` when grades were not the most probable
-            ones (:func:`grade_rule`); None otherwise.
+        grade_rule: ``{"false_alarm_cost", "rule", "set_by"}`` when grades were not the most
+            probable ones (:func:`grade_rule`); None otherwise.
         familiarity: how familiar the scene's buildings are to the model
             (:func:`runtime.familiarity.judge_scene`); None when the model carries no reference.
     """
@@ -215,7 +217,16 @@ class ScoreReport:
         ]
         lines[1:1] = self.notes
         if self.grade_rule:
-            lines.insert(1, f"grades: {self.grade_rule['rule']}")
+            own = self.grade_rule.get("set_by") == "model"
+            lines.insert(
+                1,
+                f"grades: {self.grade_rule['rule']}"
+                + (
+                    " (the model's own rule; --false-alarm-cost 1: the most probable)"
+                    if own
+                    else ""
+                ),
+            )
         if self.detected is not None:
             lines.insert(0, f"no footprints given: {self.detected} building(s) detected")
         if self.order_warning:
@@ -236,13 +247,16 @@ class ScoreReport:
         return "\n".join(lines)
 
 
-def grade_rule(false_alarm_cost: float) -> dict | None:
-    """What a report and the outputs record of the grade rule: None for the most probable
-    grade, else ``{"false_alarm_cost", "rule"}``."""
-    cost = check_cost(false_alarm_cost)
+def grade_rule(false_alarm_cost: float | None, model_cost: float = 1.0) -> dict | None:
+    """What a report and the outputs record of the grade rule, given the analyst's cost (None:
+    none set) and the model's own (:attr:`runtime.predictor.Predictor.false_alarm_cost`): None
+    for the most probable grade, else ``{"false_alarm_cost", "rule", "set_by"}``, ``set_by``
+    ``"model"`` (its own rule) or ``"analyst"``."""
+    cost = resolve_cost(false_alarm_cost, model_cost)
     if cost == 1.0:
         return None
-    return {"false_alarm_cost": cost, "rule": rule_text(cost)}
+    set_by = "model" if false_alarm_cost is None else "analyst"
+    return {"false_alarm_cost": cost, "rule": rule_text(cost), "set_by": set_by}
 
 
 def probability_columns(class_names: Sequence[str]) -> list[str]:

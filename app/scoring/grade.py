@@ -35,7 +35,7 @@ from data_prep.timing import StageTimes
 from runtime.familiarity import judge_scene, reference_of
 from runtime.flags import OVERSIZED as OVERSIZED_FLAG
 from runtime.flags import Flagger, flags_text, parse_flags
-from runtime.grading import check_cost, grades
+from runtime.grading import check_cost, grades, resolve_cost
 
 if TYPE_CHECKING:
     from runtime.predictor import Predictor
@@ -88,7 +88,7 @@ def new_report(name: str, predictor: Predictor, options: ScoreOptions) -> ScoreR
     return ScoreReport(
         scene=name,
         class_names=tuple(predictor.class_names),
-        grade_rule=grade_rule(options.false_alarm_cost),
+        grade_rule=grade_rule(options.false_alarm_cost, predictor.false_alarm_cost),
     )
 
 
@@ -117,7 +117,11 @@ class Grading:
         report.buildings = n
         self.scores = Scores(n, len(report.class_names), source)
         self.batcher = Batcher(
-            predictor, self.scores, options.batch_size, timer, options.false_alarm_cost
+            predictor,
+            self.scores,
+            options.batch_size,
+            timer,
+            resolve_cost(options.false_alarm_cost, predictor.false_alarm_cost),
         )
 
     def run(self, buildings: Iterable[Building]) -> Scores:

@@ -246,13 +246,14 @@ class TileOptions:
         source: the output ``source`` of the buildings of the given footprints (``given``;
             ``detected`` when the localiser found them).
         false_alarm_cost: a damaged grade only where at least this many times as probable as
-            no-damage (:mod:`runtime.grading`; 1: the most probable grade).
+            no-damage (:mod:`runtime.grading`; 1: the most probable grade); None: the model's
+            own rule.
     """
 
     batch_size: int = 32
     max_pixels: int | None = None
     source: str = "given"
-    false_alarm_cost: float = 1.0
+    false_alarm_cost: float | None = None
 
 
 @dataclass
@@ -506,9 +507,16 @@ def assess_tile(
         + (", buildings detected by the localiser" if source != "given" else ""),
         warning=report.order_warning,
         web_map=web_map,
-        grades=report.grade_rule["rule"] if report.grade_rule else "",
+        grades=grades_text(report.grade_rule),
         uncertain=report.familiarity_warning,
     )
+
+
+def grades_text(rule: dict | None) -> str:
+    """How the grades were given, for the summary: empty for the most probable grade."""
+    if not rule:
+        return ""
+    return rule["rule"] + (" (the model's own rule)" if rule.get("set_by") == "model" else "")
 
 
 def short_message(text: str) -> str:

@@ -111,17 +111,17 @@ def on_model(ctx: AppContext, path: str | None) -> str:
         return f"**Model not usable:** {exc}"
 
 
-def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_alarm_cost=1):
+def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_alarm_cost=None):
     """Grade every building of a pre/post tile pair (xBD label JSON, GeoJSON or GeoPackage
     footprints), a damaged grade only where at least ``false_alarm_cost`` times as probable as
-    no-damage (:mod:`runtime.grading`; empty: 1); returns the overlay PNG, a Markdown summary,
+    no-damage (:mod:`runtime.grading`; empty: the model's own rule); returns the overlay PNG, a Markdown summary,
     the building table, the GeoJSON/CSV files and the session folder."""
 
     missing = [n for n, f in (("pre", pre), ("post", post)) if not f]
     if missing:
         raise AppError(f"upload the {', '.join(missing)} file(s) first")
     try:
-        cost = check_cost(1.0 if false_alarm_cost in (None, "") else float(false_alarm_cost))
+        cost = None if false_alarm_cost in (None, "") else check_cost(float(false_alarm_cost))
     except ValueError as exc:  # a cost that is no number, or not a positive one
         raise AppError(f"false-alarm cost {false_alarm_cost!r}: {exc}") from None
     predictor = ctx.models.get(model_path)

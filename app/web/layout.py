@@ -143,12 +143,14 @@ def tile_tab(examples: list[list[str]], finetune_note: str | None = None) -> Til
         gr.Markdown(SYNTHETIC_NOTE)
         with gr.Row():
             cost_in = gr.Number(
-                value=1,
+                value=None,
                 minimum=0.01,
+                placeholder="the model's own",
                 label="False-alarm cost",
                 info="Grade a building damaged only where that grade is at least this many "
-                "times as probable as no-damage (1: the most probable grade; 3 halves the intact "
-                "buildings called damaged: docs/scoring.md)",
+                "times as probable as no-damage (empty: the model's own rule, on its card; 1: the "
+                "most probable grade; 3 halves the intact buildings called damaged: "
+                "docs/scoring.md)",
                 elem_id="false-alarm-cost",
                 scale=1,
             )

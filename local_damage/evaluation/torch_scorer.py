@@ -69,6 +69,7 @@ class TorchScorer(Scorer):
         self.spec = ChipSpec.from_dict(spec) if spec else None
         self.class_names = tuple(CLASS_NAMES[: self.cfg.model.num_classes])
         self.input_size = int(self.cfg.data.input_size)
+        self.false_alarm_cost = float(self.cfg.grade.false_alarm_cost)
         self.device_name = self.cfg.train.device if device == "auto" else device
         self._weights = weights
         self._model = None

@@ -41,16 +41,17 @@ from data_prep.errors import LocalDamageError
 from data_prep.spec import CLASS_NAMES
 from data_prep.split import load_splits
 from data_prep.store import read_manifest, safe_name
-from local_damage.config import ConfigError, load_yaml, to_dict
+from local_damage.config import ConfigError, load_yaml, save_yaml, to_dict
 from local_damage.evaluation.torch_scorer import TorchScorer
 from local_damage.experiments.cv_report import protocol_summary, write_protocol_table
 from local_damage.experiments.cv_tables import write_tables
-from local_damage.experiments.nested import choose_recipe
+from local_damage.experiments.nested import InnerChoice, choose_recipe
 from local_damage.train.checkpoint import LAST_DIR
 from local_damage.train.config import Config
 from local_damage.train.loaders import ChipSplit
 from local_damage.train.loop import SUMMARY, train
 from runtime.evaluation.evaluate import METRICS_JSON, EvaluationOptions, evaluate_chips
+from runtime.grading import GRADE_RULE_KEY
 from runtime.metrics import classification_metrics
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,9 @@ class CVOptions:
         max_false_alarm: with ``inner``, None (choose on macro-F1 alone) or the ceiling on the
             mean inner share of intact buildings called damaged a chosen recipe may have
             (:func:`~local_damage.experiments.nested.pick`).
+        costs: with ``inner``, None (each config graded with its own ``grade.false_alarm_cost``)
+            or the false-alarm costs every config is tried under, the chosen one becoming the
+            outer run's grade rule (:mod:`~local_damage.experiments.nested`).
         progress: show training progress bars and per-epoch lines.
     """
 
@@ -87,6 +91,7 @@ class CVOptions:
     inner: int = 0
     inner_seed: int = 0
     max_false_alarm: float | None = None
+    costs: Sequence[float] | None = None
     progress: bool = True
 
 
@@ -128,8 +133,14 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return items
 
 
+#: Config sections that do not change the trained weights: a run is reused under another value
+#: (and evaluated again with it).
+NOT_TRAINING = ("grade.",)
+
+
 def check_run_config(run: str | Path, cfg) -> None:
-    """Check that ``run`` holds no run, or a run of ``cfg`` (so reusing it is sound).
+    """Check that ``run`` holds no run, or a run trained as ``cfg`` would train it (so reusing it
+    is sound; the grade rule, :data:`NOT_TRAINING`, may differ).
 
     Raises:
         CrossValidationError: ``run/config.yaml`` differs from ``cfg``; names the keys.
@@ -138,7 +149,11 @@ def check_run_config(run: str | Path, cfg) -> None:
     if not path.is_file():
         return
     saved, wanted = _flat(to_dict(load_yaml(Config, path))), _flat(to_dict(cfg))
-    differences = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+    differences = sorted(
+        k
+        for k in set(saved) | set(wanted)
+        if saved.get(k) != wanted.get(k) and not k.startswith(NOT_TRAINING)
+    )
     if differences:
         raise CrossValidationError(
             f"{run}: holds a run trained with another config (differs in "
@@ -194,8 +209,13 @@ def run_fold(
     check_run_config(run, cfg)
     check_run_holdout(run, holdout)
     has_summary = (run / SUMMARY).is_file()
+    cost = float(cfg.grade.false_alarm_cost)
     if has_summary and (run / METRICS_JSON).is_file():
-        return json.loads((run / METRICS_JSON).read_text()), "reused"
+        metrics = json.loads((run / METRICS_JSON).read_text())
+        if graded_with(metrics) == cost:
+            return metrics, "reused"
+    if has_summary and load_yaml(Config, run / "config.yaml").grade != cfg.grade:
+        save_yaml(cfg, run / "config.yaml")  # the run's own rule: what export carries
     how = "evaluated"
     if not has_summary:
         resume = (run / LAST_DIR / "state.pt").is_file()
@@ -204,10 +224,21 @@ def run_fold(
         how = "resumed" if resume else "trained"
     scorer = TorchScorer(run)
     options = EvaluationOptions(
-        views=views, tsne=False, batch_size=cfg.train.eval_batch_size, seed=cfg.train.seed
+        views=views,
+        tsne=False,
+        batch_size=cfg.train.eval_batch_size,
+        seed=cfg.train.seed,
+        false_alarm_cost=cost,
     )
     metrics = evaluate_chips(scorer, chips, run, fold, options)
     return metrics, how
+
+
+def graded_with(metrics: dict[str, Any]) -> float:
+    """The false-alarm cost an evaluation's grades were given with (1 for one that records
+    none: the most probable grade)."""
+    rule = metrics.get(GRADE_RULE_KEY) or {}
+    return float(rule.get("false_alarm_cost", 1.0))
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:
@@ -362,6 +393,10 @@ def cross_validate(
             f"--max-false-alarm must be a share in [0, 1] and goes with --inner K, got {ceiling}"
             + ("" if inner else " without --inner")
         )
+    if options.costs is not None and not (inner and options.costs):
+        raise CrossValidationError(
+            "--costs lists the false-alarm costs tried on inner folds and goes with --inner K"
+        )
     if inner and holdout is not None:
         raise CrossValidationError(
             "--inner and --holdout do not go together: each outer fold is a test fold"
@@ -447,6 +482,7 @@ def cross_validate(
         "overrides": list(overrides),
         "inner": inner,
         "max_false_alarm": options.max_false_alarm if inner else None,
+        "costs": None if not inner or options.costs is None else list(options.costs),
         "class_names": class_names,
         "prevalence": prevalence(chips, folds, class_names),
         "methods": methods,
@@ -459,24 +495,22 @@ def cross_validate(
 
 def _selected_method(candidates, chips, out, folds, options, class_names, failed) -> dict[str, Any]:
     """Per outer fold: choose a candidate on inner folds, train it without the fold, score it."""
-    by_name = dict(candidates)
     fold_metrics: dict[str, dict] = {}
     recipes: dict[str, str] = {}
+    chosen_configs: dict[str, Any] = {}
     for fold in folds:
         try:
-            chosen, _ = choose_recipe(
-                candidates,
-                chips,
-                out,
-                fold,
+            choice = InnerChoice(
                 options.inner,
                 options.inner_seed,
                 options.progress,
                 max_false_alarm=options.max_false_alarm,
+                costs=options.costs,
             )
+            chosen, cfg, _ = choose_recipe(candidates, chips, out, fold, choice)
             run = out / "selected" / f"fold{fold}"
             metrics, how = run_fold(
-                by_name[chosen], chips, run, fold, views=options.views, progress=options.progress
+                cfg, chips, run, fold, views=options.views, progress=options.progress
             )
         except FOLD_ERRORS as exc:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
@@ -489,11 +523,12 @@ def _selected_method(candidates, chips, out, folds, options, class_names, failed
         )
         fold_metrics[str(fold)] = metrics
         recipes[str(fold)] = chosen
+        chosen_configs[str(fold)] = cfg
     first = candidates[0][1]
     return {
         "name": "selected",
         "config": ", ".join(n for n, _ in candidates),
-        "loss": "/".join(sorted({by_name[r].loss.method for r in recipes.values()})) or "n/a",
+        "loss": "/".join(sorted({c.loss.method for c in chosen_configs.values()})) or "n/a",
         "encoder": first.model.encoder,
         "batch_size": first.train.batch_size,
         "input_size": first.data.input_size,

@@ -11,26 +11,44 @@ of intact buildings called damaged is at most ``F`` compete on macro-F1; when no
 with the fewest false alarms is chosen. A responder reads a map on which one intact house in four
 is flagged as useless, whatever its macro-F1, so the ceiling makes that part of the choice.
 
+A candidate is a recipe and a grade rule. With several false-alarm costs (``cv --costs``) every
+recipe is tried under each (``<recipe>@cost<C>``): the weights do not depend on the cost, so
+each inner model is trained once and its probabilities graded again (:mod:`runtime.grading`);
+the chosen cost becomes the outer run's ``grade.false_alarm_cost``, so its figures, and the model
+``export`` writes from it, carry that rule.
+
 Runs live in ``OUT/inner/outer<F>/<recipe>/fold<J>`` and are reused when finished;
 ``OUT/inner/outer<F>/selection.json`` records every candidate's inner scores and the choice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from data_prep.spec import CLASS_NAMES
 from data_prep.split import inner_folds, load_splits
 from data_prep.store import read_manifest, write_json
 from local_damage.evaluation.torch_scorer import TorchScorer
+from local_damage.train.config import GradeConfig
 from local_damage.train.loaders import ChipSplit
 from local_damage.train.loop import SUMMARY, train
-from runtime.evaluation.evaluate import METRICS_JSON, EvaluationOptions, evaluate
+from runtime.evaluation.evaluate import (
+    METRICS_JSON,
+    PREDICTIONS_CSV,
+    EvaluationOptions,
+    evaluate,
+)
+from runtime.grading import grades
+from runtime.metrics import classification_metrics
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +92,25 @@ def pick(
     )
 
 
+def graded_metrics(run: Path, class_names: Sequence[str], cost: float) -> dict[str, Any]:
+    """Macro-F1 and confusion matrix of an inner run's predictions (``predictions.csv``) graded
+    under a false-alarm cost (:func:`runtime.grading.grades`)."""
+    frame = pd.read_csv(run / PREDICTIONS_CSV)
+    p = frame[[f"p_{c}" for c in class_names]].to_numpy(dtype=np.float64)
+    y = frame["label"].to_numpy(dtype=np.int64)
+    return classification_metrics(y, grades(p, class_names, cost), class_names)
+
+
+def candidate_name(recipe: str, cost: float, costs: Sequence[float] | None) -> str:
+    """A candidate's name: the recipe's, with ``@cost<C>`` when several costs are tried."""
+    return recipe if costs is None else f"{recipe}@cost{cost:g}"
+
+
+def with_cost(cfg, cost: float):
+    """``cfg`` with the grade rule of false-alarm cost ``cost``."""
+    return dataclasses.replace(cfg, grade=GradeConfig(false_alarm_cost=cost))
+
+
 def inner_run(
     cfg,
     chips: str | Path,
@@ -94,52 +131,81 @@ def inner_run(
     return evaluate(TorchScorer(run), chips, test_ids, run, options)
 
 
+@dataclass(frozen=True)
+class InnerChoice:
+    """How a recipe is chosen on inner folds (``cv --inner K``'s options).
+
+    Attributes:
+        inner: ``K``, the number of inner folds (at least 2).
+        seed: seed of the inner folds' dealing.
+        progress: show training progress.
+        max_false_alarm: None, or the ceiling on the mean inner share of intact buildings
+            called damaged (:func:`pick`).
+        costs: None (each recipe graded with its own ``grade.false_alarm_cost``), or the
+            false-alarm costs every recipe is tried under (``<name>@cost<C>``).
+    """
+
+    inner: int = 2
+    seed: int = 0
+    progress: bool = True
+    max_false_alarm: float | None = None
+    costs: Sequence[float] | None = None
+
+
 def choose_recipe(
     candidates: Sequence[tuple[str, Any]],
     chips: str | Path,
     out: str | Path,
     outer_fold: int,
-    inner: int,
-    seed: int = 0,
-    progress: bool = True,
-    max_false_alarm: float | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """Choose among ``candidates`` (``(name, config)`` pairs) on inner folds of ``outer_fold``.
-
-    Args:
-        max_false_alarm: None, or the ceiling on the mean inner share of intact buildings
-            called damaged (:func:`pick`).
+    choice: InnerChoice | None = None,
+) -> tuple[str, Any, dict[str, Any]]:
+    """Choose among ``candidates`` (``(name, config)`` pairs) on inner folds of ``outer_fold``,
+    as ``choice`` says (:class:`InnerChoice`).
 
     Returns:
-        ``(chosen name, selection)``; ``selection`` (also written to
-        ``out/inner/outer<F>/selection.json``) holds the inner folds' tiles, every candidate's
-        per-inner-fold and mean macro-F1 and intact buildings called damaged, the rule and the
-        choice.
+        ``(chosen name, its config, selection)``: the config carries the chosen grade rule;
+        ``selection`` (also written to ``out/inner/outer<F>/selection.json``) holds the inner
+        folds' tiles, every candidate's recipe, cost, per-inner-fold and mean macro-F1 and
+        intact buildings called damaged, the rule and the choice.
     """
+    choice = choice or InnerChoice()
+    inner, seed, progress = choice.inner, choice.seed, choice.progress
+    max_false_alarm, costs = choice.max_false_alarm, choice.costs
     chips = Path(chips)
     where = Path(out) / "inner" / f"outer{outer_fold}"
     manifest = read_manifest(chips)
     folds = inner_folds(load_splits(chips), manifest, outer_fold, inner, seed=seed)
     labelled = set(manifest.loc[manifest["label"] >= 0, "chip_id"])
     scores: dict[str, dict[str, Any]] = {}
+    configs: dict[str, Any] = {}
     for name, cfg in candidates:
-        per_fold, alarms = {}, {}
+        names = list(CLASS_NAMES[: cfg.model.num_classes])
+        tried = [float(cfg.grade.false_alarm_cost)] if costs is None else list(costs)
+        per_fold = {c: {} for c in tried}
+        alarms = {c: {} for c in tried}
         for j in range(inner):
             in_fold = folds["fold"] == j
             train_ids = folds.loc[~in_fold, "chip_id"].tolist()
             test_ids = [c for c in folds.loc[in_fold, "chip_id"] if c in labelled]
             run = where / name / f"fold{j}"
             log.info(f"[outer {outer_fold}, {name}, inner fold {j}] {run}")
-            metrics = inner_run(cfg, chips, run, train_ids, test_ids, progress)
-            per_fold[str(j)] = metrics[SELECT_ON]
-            alarms[str(j)] = intact_called_damaged(metrics)
-        known = [a for a in alarms.values() if a is not None]
-        scores[name] = {
-            "folds": per_fold,
-            "mean": float(np.mean(list(per_fold.values()))),
-            "false_alarm_folds": alarms,
-            "false_alarm": float(np.mean(known)) if known else None,
-        }
+            inner_run(cfg, chips, run, train_ids, test_ids, progress)
+            for cost in tried:
+                metrics = graded_metrics(run, names, cost)
+                per_fold[cost][str(j)] = metrics[SELECT_ON]
+                alarms[cost][str(j)] = intact_called_damaged(metrics)
+        for cost in tried:
+            key = candidate_name(name, cost, costs)
+            known = [a for a in alarms[cost].values() if a is not None]
+            configs[key] = with_cost(cfg, cost)
+            scores[key] = {
+                "recipe": name,
+                "false_alarm_cost": cost,
+                "folds": per_fold[cost],
+                "mean": float(np.mean(list(per_fold[cost].values()))),
+                "false_alarm_folds": alarms[cost],
+                "false_alarm": float(np.mean(known)) if known else None,
+            }
     chosen, rule = pick(scores, max_false_alarm)
     selection = {
         "outer_fold": outer_fold,
@@ -147,6 +213,7 @@ def choose_recipe(
         "seed": seed,
         "select_on": SELECT_ON,
         "max_false_alarm": max_false_alarm,
+        "costs": None if costs is None else [float(c) for c in costs],
         "rule": rule,
         "tiles": {
             str(j): sorted(folds.loc[folds["fold"] == j, "tile"].unique()) for j in range(inner)
@@ -168,4 +235,4 @@ def choose_recipe(
         )
         + f"; {rule})"
     )
-    return chosen, selection
+    return chosen, configs[chosen], selection

@@ -59,6 +59,7 @@ from local_damage.export.provenance import (
 from local_damage.export.quantize import convert_fp16, quantize_int8
 from local_damage.export.run import load_run, resolve_chips
 from runtime.contract import CPU_ONLY, FORMAT_VERSION, open_session, save_onnx, set_metadata
+from runtime.grading import GRADE_RULE_KEY, grade_rule_block, resolve_cost
 from runtime.training_tiles import IN_TRAINING
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,9 @@ class RunExport:
             "embedding_dim": int(info.model.cfg.embed_dim),
             "precision": self.options.precision,
             "config": to_dict(info.cfg),
+            GRADE_RULE_KEY: grade_rule_block(
+                resolve_cost(self.options.false_alarm_cost, info.cfg.grade.false_alarm_cost)
+            ),
             "validation_metrics": validation_metrics(info.summary, info.metrics),
             "training_data": training,
             "license": licence,

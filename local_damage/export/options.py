@@ -38,6 +38,8 @@ class ExportOptions:
         test_metrics: a ``metrics.json`` of ``local-damage evaluate`` on held-out data, stored as
             the ``test_metrics`` metadata (for a model trained on everything, the figures of
             the same recipe trained without the held-out tiles; say so in its model card).
+        false_alarm_cost: the model's own grade rule (metadata ``grade_rule``,
+            :mod:`runtime.grading`); None: the run config's ``grade.false_alarm_cost``.
     """
 
     quantize: str | None = None
@@ -50,6 +52,7 @@ class ExportOptions:
     threads: int | None = None
     change_map: bool = False
     test_metrics: str | os.PathLike | None = None
+    false_alarm_cost: float | None = None
 
     def check(self) -> None:
         """Raise :class:`ExportError` for a precision that cannot be written."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from local_damage.data import STRENGTHS
 from local_damage.losses.objective import LossConfig
 from local_damage.models.local_net import ModelConfig
+from runtime.grading import check_cost
 
 
 @dataclass
@@ -128,14 +129,33 @@ class TrainConfig:
 
 
 @dataclass
+class GradeConfig:
+    """How the trained model grades: part of the recipe, not of training (weights do not depend
+    on it; a run is reused under another grade rule and evaluated again).
+
+    Attributes:
+        false_alarm_cost: a damaged grade only where at least this many times as probable as
+            no-damage (:mod:`runtime.grading`; 1: the most probable grade). Evaluations of the
+            run grade with it, and ``export`` writes it as the model's own rule (metadata
+            ``grade_rule``), which ``score`` and the app use when the analyst sets no cost.
+    """
+
+    false_alarm_cost: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_cost(self.false_alarm_cost)
+
+
+@dataclass
 class Config:
-    """A whole training run: model, loss, data, optimiser and loop."""
+    """A whole training run: model, loss, data, optimiser, loop and grade rule."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    grade: GradeConfig = field(default_factory=GradeConfig)
 
 
 def fidelity_notes(cfg: Config) -> list[str]:

@@ -51,6 +51,7 @@ from data_prep.store import atomic_path, read_manifest, write_json
 from data_prep.xbd import prepare_xbd
 from runtime.evaluation.chips import select_chips, warn_spec_mismatch
 from runtime.evaluation.scorers import EvaluationError, Scored, Scorer
+from runtime.grading import GRADE_RULE_KEY, grade_rule_block, grades, resolve_cost
 from runtime.metrics import (
     ECE_BINS,
     calibration_metrics,
@@ -90,6 +91,8 @@ class EvaluationOptions:
         batch_size: pairs per forward pass.
         seed: seed of the second view's augmentation and of t-SNE.
         progress: show progress bars.
+        false_alarm_cost: the grade rule the figures are computed with
+            (:mod:`runtime.grading`); None: the model's own (:attr:`Scorer.false_alarm_cost`).
     """
 
     views: int = 2
@@ -97,6 +100,7 @@ class EvaluationOptions:
     batch_size: int = 64
     seed: int = 0
     progress: bool = False
+    false_alarm_cost: float | None = None
 
 
 def evaluate(
@@ -121,7 +125,8 @@ def evaluate(
 
     Returns:
         The metrics dict also written to ``out/metrics.json``: the keys of
-        :func:`~runtime.metrics.classification_metrics`, ``calibration`` (see
+        :func:`~runtime.metrics.classification_metrics` (of the grades under ``grade_rule``,
+        ``{"false_alarm_cost", "rule"}``), ``calibration`` (see
         :func:`calibration_report`), ``representation`` (see
         :func:`~runtime.metrics.representation_metrics`, plus
         ``zero_embeddings_left_out``, see :func:`~runtime.metrics.unit_rows`; None with
@@ -145,7 +150,11 @@ def evaluate(
         raise EvaluationError(
             f"{chips}: unlabelled chips cannot be evaluated; select labelled ones"
         )
+    cost = resolve_cost(options.false_alarm_cost, scorer.false_alarm_cost)
+    if cost != 1.0:
+        scored.graded = grades(scored.probabilities, names, cost)
     metrics = classification_metrics(scored.labels, scored.predictions, names)
+    metrics[GRADE_RULE_KEY] = grade_rule_block(cost)
     metrics["calibration"], reliability = calibration_report(scored, scorer.temperature)
     metrics["per_event"] = per_event_metrics(chips, scored, names)
     tiles = read_manifest(chips).set_index("chip_id").loc[list(scored.chip_ids), "tile"]
@@ -365,6 +374,9 @@ def format_summary(metrics: dict[str, Any]) -> str:
     )
     if metrics.get("absent_classes"):
         lines.append(f"absent (left out of macro-F1): {', '.join(metrics['absent_classes'])}")
+    rule = metrics.get(GRADE_RULE_KEY)
+    if rule and rule.get("false_alarm_cost", 1.0) != 1.0:
+        lines.append(f"grades: {rule['rule']}")
     cal = metrics.get("calibration")
     if cal:
         parts = []

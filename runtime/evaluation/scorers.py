@@ -53,6 +53,8 @@ class Scored:
         z: float32 [N, D] L2-normalised joint embedding of the unaugmented chips.
         e_post: float32 [N, D] L2-normalised post-image embedding, or None (ONNX models).
         z_view2: float32 [N, D] z of a second, augmented view of each chip, or None.
+        graded: int64 [N] grades under a false-alarm cost other than 1
+            (:func:`runtime.grading.grades` of the probabilities), or None: the most probable.
     """
 
     chip_ids: list[str]
@@ -62,10 +64,14 @@ class Scored:
     z: np.ndarray
     e_post: np.ndarray | None = None
     z_view2: np.ndarray | None = None
+    graded: np.ndarray | None = None
 
     @property
     def predictions(self) -> np.ndarray:
-        """int64 [N] predicted class ids (argmax of the logits)."""
+        """int64 [N] predicted class ids: :attr:`graded` where set, else the argmax of the
+        logits."""
+        if self.graded is not None:
+            return self.graded
         return self.logits.argmax(axis=1).astype("int64")
 
 
@@ -81,6 +87,8 @@ class Scorer:
             uncalibrated.
         training_tiles: the tiles it was trained on (:mod:`runtime.training_tiles`), so that
             figures computed on them are marked.
+        false_alarm_cost: the model's own grade rule (:mod:`runtime.grading`; 1: the most
+            probable grade), which an evaluation grades with unless told otherwise.
     """
 
     source: dict[str, str]
@@ -89,6 +97,7 @@ class Scorer:
     input_size: int
     temperature: float | None = None
     training_tiles: TrainingTiles = TrainingTiles(None, "the model's training tiles are unknown")
+    false_alarm_cost: float = 1.0
 
     def score(
         self,
@@ -147,6 +156,7 @@ class OnnxScorer(Scorer):
         self.class_names = tuple(self.predictor.class_names)
         self.input_size = int(self.predictor.input_size)
         self.temperature = self.predictor.temperature
+        self.false_alarm_cost = self.predictor.false_alarm_cost
         self.training_tiles = training_tiles(self.predictor.metadata)
         self.second_view = second_view
 

@@ -432,3 +432,20 @@ def test_false_alarm_cost_in_the_app(score_model, xbd_tile, tile_result, tmp_pat
         on_assess_tile(ctx, model, pre, post, label, 0)
     with pytest.raises(AppError, match="false-alarm cost 'three'"):
         on_assess_tile(ctx, model, pre, post, label, "three")
+    # a model with its own rule (metadata grade_rule) grades with it when the field is empty
+    import onnx
+
+    from runtime.contract import save_onnx, set_metadata
+
+    proto = onnx.load(model)
+    set_metadata(proto, {"grade_rule": {"false_alarm_cost": cost}})
+    own = str(save_onnx(proto, tmp_path / "own.onnx"))
+    ctx = AppContext(ModelCache([own]), tmp_path / "work-own")
+    _, summary, table, _, _ = on_assess_tile(ctx, own, pre, post, label, None)
+    assert "times as probable as no-damage (the model's own rule)" in summary
+    assert set(table.loc[table["status"] == "scored", "damage"]) == {"no-damage"}
+    _, summary1, table1, _, _ = on_assess_tile(ctx, own, pre, post, label, 1)
+    assert "Grades:" not in summary1
+    assert list(table1.loc[table1["status"] == "scored", "damage"]) == [
+        names[i] for i in p.argmax(axis=1)
+    ]

@@ -781,3 +781,64 @@ def test_false_alarm_cost_moves_grades_not_probabilities(
     assert GRADES_KEY not in (
         pyogrio.read_info(scene_scored / "scene.geojson").get("layer_metadata") or {}
     )
+
+
+def _with_grade_rule(model, out, block):
+    import onnx
+
+    from runtime.contract import save_onnx, set_metadata
+
+    proto = onnx.load(str(model))
+    set_metadata(proto, {"grade_rule": block})
+    return save_onnx(proto, out)
+
+
+def test_the_models_own_grade_rule_is_the_default(
+    tmp_path, scene_scored, synthetic_scene, score_model, predictor
+):
+    """A model whose card carries a grade rule (metadata ``grade_rule``, written by `export`)
+    grades with it when the analyst sets no cost, says so, and yields to an explicit cost."""
+    import geopandas as gpd
+    import pyogrio
+
+    from app.scoring.common import GRADES_KEY, probability_columns
+    from runtime.grading import grades
+    from runtime.predictor import Predictor
+
+    plain = gpd.read_file(scene_scored / "scene.geojson")
+    cols = probability_columns(predictor.class_names)
+    scored = (plain["status"] == "scored").to_numpy()
+    p = plain.loc[scored, cols].to_numpy(float)
+    damaged = p.argmax(axis=1) > 0
+    assert damaged.sum() >= 2, "the tiny model grades too few buildings damaged to test the rule"
+    ratio = np.sort(np.delete(p[damaged], 0, axis=1).max(axis=1) / p[damaged, 0])
+    cost = float(f"{np.sqrt(ratio[0] * ratio[-1]) if ratio[0] < ratio[-1] else ratio[0] * 2:.6g}")
+    own = _with_grade_rule(score_model, tmp_path / "own.onnx", {"false_alarm_cost": cost})
+    assert Predictor(own).false_alarm_cost == pytest.approx(cost)
+    assert Predictor(score_model).false_alarm_cost == 1.0  # no rule: the most probable grade
+    s = synthetic_scene
+    argv = ["score", "--pre", *s.pre, "--post", *s.post, "--buildings", s.buildings]
+    argv += ["--model", own, "--block-size", "200", "--quiet"]
+    assert run_cli(*argv, "--out", tmp_path / "own.gpkg") == 0
+    graded = gpd.read_file(tmp_path / "own.gpkg")
+    want = grades(p, predictor.class_names, cost)
+    assert (want != p.argmax(axis=1)).any()
+    assert list(graded.loc[scored, "damage_id"]) == list(want)
+    rule = json.loads(pyogrio.read_info(tmp_path / "own.gpkg")["layer_metadata"][GRADES_KEY])
+    assert rule["set_by"] == "model" and rule["false_alarm_cost"] == pytest.approx(cost)
+    # the analyst's cost wins: 1 gives the most probable grade again, and no rule is recorded
+    assert run_cli(*argv, "--out", tmp_path / "plain.gpkg", "--false-alarm-cost", "1") == 0
+    again = gpd.read_file(tmp_path / "plain.gpkg")
+    assert list(again.loc[scored, "damage_id"]) == list(p.argmax(axis=1))
+    meta = pyogrio.read_info(tmp_path / "plain.gpkg").get("layer_metadata") or {}
+    assert GRADES_KEY not in meta
+
+
+@pytest.mark.parametrize("block", [{"false_alarm_cost": 0}, {"false_alarm_cost": "x"}, [2]])
+def test_a_model_with_a_broken_grade_rule_is_refused(tmp_path, score_model, block):
+    from runtime.contract import ModelError
+    from runtime.predictor import Predictor
+
+    bad = _with_grade_rule(score_model, tmp_path / "bad.onnx", block)
+    with pytest.raises(ModelError, match=r"bad\.onnx.*grade_rule"):
+        Predictor(bad)

@@ -185,6 +185,60 @@ def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
     # a ceiling needs --inner and must be a share
     assert main([*argv, "--max-false-alarm", "0.1"]) != 0
     assert main([*argv, "--inner", "2", "--max-false-alarm", "1.5"]) != 0
+    assert main([*argv, "--costs", "1,2"]) != 0  # costs are tried on inner folds only
+
+    # --costs: each inner model graded again under every cost (the same weights: the inner runs
+    # are reused), and the chosen cost becomes the outer run's grade rule
+    import shutil
+
+    from runtime.grading import grades
+
+    out2 = tmp_path / "cv-costs"
+    shutil.copytree(out / "inner", out2 / "inner")
+    argv2 = ["cv", "--config", *configs, "--chips", str(chips), "--out", str(out2)]
+    argv2 += ["--folds", "0", "--inner", "2", "--views", "1", "--quiet"]
+    assert main([*argv2, "--costs", "1,1000", "--max-false-alarm", "0"]) == 0
+    costed = json.loads((out2 / "inner" / "outer0" / "selection.json").read_text())
+    found = costed["candidates"]
+    assert sorted(found) == sorted(f"{n}@cost{c}" for n in order for c in (1, 1000))
+    for name in order:  # graded again at cost 1: the figures `evaluate` wrote
+        assert found[f"{name}@cost1"]["mean"] == pytest.approx(means[name])
+        assert (found[f"{name}@cost1000"]["false_alarm"] or 0) <= (
+            found[f"{name}@cost1"]["false_alarm"] or 0
+        )
+    chosen = found[costed["chosen"]]
+    assert costed["costs"] == [1.0, 1000.0]
+    run = out2 / "selected" / "fold0"
+    import yaml
+
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["grade"]["false_alarm_cost"] == chosen["false_alarm_cost"]
+    assert saved["loss"]["method"] == chosen["recipe"]
+    graded = json.loads((run / "metrics.json").read_text())
+    assert graded["grade_rule"]["false_alarm_cost"] == chosen["false_alarm_cost"]
+    frame = pd.read_csv(run / "predictions.csv")
+    p = frame[[f"p_{c}" for c in CLASS_NAMES]].to_numpy(float)
+    want = grades(p, CLASS_NAMES, chosen["false_alarm_cost"])
+    assert list(frame["pred"]) == list(want)
+
+
+def test_a_run_is_reused_under_another_grade_rule_only(tmp_path):
+    """The grade rule does not change the weights: a finished run is reused under another cost
+    (and evaluated again), never under another training setting."""
+    from local_damage.config import save_yaml
+    from local_damage.experiments.cv import CrossValidationError, check_run_config
+    from local_damage.experiments.nested import with_cost
+    from local_damage.train.config import Config
+
+    cfg = Config()
+    save_yaml(cfg, tmp_path / "config.yaml")
+    check_run_config(tmp_path, with_cost(cfg, 3.0))
+    longer = Config()
+    longer.train.epochs = cfg.train.epochs + 1
+    with pytest.raises(CrossValidationError, match="train.epochs"):
+        check_run_config(tmp_path, longer)
+    with pytest.raises(ValueError, match="false-alarm cost"):
+        with_cost(cfg, 0.0)
 
 
 def scores(**named):

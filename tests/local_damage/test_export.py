@@ -294,3 +294,26 @@ def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
     bad.write_text("{}")
     with pytest.raises(ExportError, match="bad.json: no accuracy"):
         summarize_test_metrics(bad)
+
+
+@pytest.mark.slow
+def test_the_grade_rule_comes_from_the_run_or_the_command_line(exported, tiny_run, tmp_path):
+    """`export` writes the run's grade.false_alarm_cost as the model's own rule (metadata
+    ``grade_rule``), or the one given with --false-alarm-cost, and the predictor reads it."""
+    from cli.main import main
+    from runtime.predictor import Predictor
+
+    path, _ = exported
+    assert _props(path)["grade_rule"] == {
+        "false_alarm_cost": 1.0,
+        "rule": "the most probable grade",
+    }
+    out = tmp_path / "careful.onnx"
+    argv = ["export", "--run", str(tiny_run), "--out", str(out), "--parity-chips", "8"]
+    assert main([*argv, "--false-alarm-cost", "2.5"]) == 0
+    rule = _props(out)["grade_rule"]
+    assert rule["false_alarm_cost"] == 2.5 and "2.5 times" in rule["rule"]
+    assert Predictor(out).false_alarm_cost == 2.5
+    assert Predictor(out).card()["grade_rule"] == rule
+    with pytest.raises(SystemExit):
+        main([*argv, "--false-alarm-cost", "0"])
