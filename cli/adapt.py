@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -357,7 +358,10 @@ def finetune_model(
             "(give the whole tile: footprints with empty labels, an assessment, a chip store "
             "with unlabelled chips)"
         )
-    options = options or FinetuneOptions(seed=seed)
+    # judged on the grades the analyst will see: under the model's own rule
+    options = dataclasses.replace(
+        options or FinetuneOptions(seed=seed), false_alarm_cost=predictor.false_alarm_cost
+    )
     try:
         result = finetune(
             weights or weights_beside(predictor.path),

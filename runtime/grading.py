@@ -55,12 +55,22 @@ def grades(
             f"a false-alarm cost needs a {NO_DAMAGE!r} class; this model's classes are "
             f"{', '.join(class_names)}"
         )
-    nd = list(class_names).index(NO_DAMAGE)
+    return grade_ids(p, list(class_names).index(NO_DAMAGE), cost)
+
+
+def grade_ids(
+    probabilities: ArrayLike, no_damage: int, false_alarm_cost: float = 1.0
+) -> np.ndarray:
+    """:func:`grades` with the no-damage class given by its index ``no_damage``."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    cost = check_cost(false_alarm_cost)
+    if cost == 1.0 or len(p) == 0:
+        return p.argmax(axis=1) if p.ndim == 2 else np.zeros(0, dtype=np.int64)
     damaged = p.copy()
-    damaged[:, nd] = -np.inf
+    damaged[:, no_damage] = -np.inf
     best = damaged.argmax(axis=1)
     rows = np.arange(len(p))
-    return np.where(p[rows, best] > cost * p[:, nd], best, nd)
+    return np.where(p[rows, best] > cost * p[:, no_damage], best, no_damage)
 
 
 def rule_text(false_alarm_cost: float) -> str:

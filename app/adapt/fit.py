@@ -55,6 +55,7 @@ import numpy as np
 
 from app.adapt.recalibrate import MIN_LABELS, Recalibration, recalibrate, softened_losses
 from data_prep.errors import LocalDamageError
+from runtime.grading import grade_ids
 from runtime.head import Head, log_softmax, unit
 from runtime.selection import INTACT, RULE, OutOfFold, clearly_better
 
@@ -116,11 +117,14 @@ class BaseModel:
         temperature: the base model's ``T0``.
         prototypes: class id -> ``[D]`` base prototype (the model's ``ood`` block), for the
             ``prototype`` head; None: none.
+        false_alarm_cost: the model's own grade rule (:mod:`runtime.grading`): the candidates'
+            accuracy, macro-F1 and intact recall are those of the grades the analyst will see.
     """
 
     k: int
     temperature: float = 1.0
     prototypes: Mapping[int, np.ndarray] | None = None
+    false_alarm_cost: float = 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,10 +304,10 @@ def _splits(labels: np.ndarray, seed: int, tiles: Sequence[str] | None = None):
         return f"stratified {CV_FOLDS}-fold (seed {seed})", list(folds.split(labels, labels))
 
 
-def _metrics(log_p: np.ndarray, y: np.ndarray) -> dict[str, float]:
+def _metrics(log_p: np.ndarray, y: np.ndarray, cost: float = 1.0) -> dict[str, float]:
     from sklearn.metrics import f1_score
 
-    pred = log_p.argmax(axis=1)
+    pred = grade_ids(np.exp(log_p), INTACT, cost)
     nll = float(-np.clip(log_p[np.arange(len(y)), y], -50.0, 0.0).mean())
     present = sorted({int(v) for v in y})
     intact = y == INTACT
@@ -439,10 +443,12 @@ def adapt_head(
                     method, lo[train], z[train], y[train], base, unlabelled=rule, start=fitted[name]
                 )
                 oof[test] = head.log_probabilities(lo[test], z[test])
-            candidates[name] = _metrics(oof, y)
+            candidates[name] = _metrics(oof, y, base.false_alarm_cost)
             oofs[name] = oof
             losses[name] = -np.clip(oof[np.arange(len(y)), y], -50.0, 0.0)
-    preds = {name: oof.argmax(axis=1) for name, oof in oofs.items()} if HEADS_SPREAD else None
+    preds = None
+    if HEADS_SPREAD:
+        preds = {n: grade_ids(np.exp(o), INTACT, base.false_alarm_cost) for n, o in oofs.items()}
     # the NLL to beat: the base model recalibrated on the other folds (on Hurricane Michael the
     # raw base model's NLL on the labels was 2-4 nats, and heads won by being less sure of
     # themselves; docs/experiments/fewshot.md)
@@ -452,8 +458,8 @@ def adapt_head(
     recalibration = recalibrate(oofs[best], y, seed)
     seconds = time.perf_counter() - start
     train = {
-        "chosen": _metrics(head.log_probabilities(lo, z), y),
-        "base": _metrics(log_softmax(lo / base_temperature), y),
+        "chosen": _metrics(head.log_probabilities(lo, z), y, base.false_alarm_cost),
+        "base": _metrics(log_softmax(lo / base_temperature), y, base.false_alarm_cost),
     }
     cv: dict[str, Any] = {"scheme": scheme, "candidates": candidates}
     if not_tried:

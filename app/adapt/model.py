@@ -336,7 +336,12 @@ def adapt_model(
             raw,
             pred.embedding,
             labelled.labels,
-            BaseModel(len(names), t0, base_prototypes(predictor.metadata, names)),
+            BaseModel(
+                len(names),
+                t0,
+                base_prototypes(predictor.metadata, names),
+                predictor.false_alarm_cost,
+            ),
             methods,
             seed,
             unlabelled,

@@ -49,6 +49,7 @@ from local_damage.adapt.network import (
     trunk_features,
 )
 from local_damage.adapt.semi import Unlabelled
+from runtime.grading import grade_ids
 from runtime.selection import INTACT, OutOfFold, clearly_better
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class FinetuneOptions:
     confidence: float = 0.95
     unlabelled_weight: float = 1.0
     unlabelled_ratio: int = 2
+    #: the model's own grade rule (:mod:`runtime.grading`): the curve's accuracy, macro-F1 and
+    #: intact recall are those of the grades the analyst will see
+    false_alarm_cost: float = 1.0
 
 
 @dataclass
@@ -127,16 +131,16 @@ def weights_beside(model: str | Path) -> Path:
     return Path(model).with_suffix(".safetensors")
 
 
-def _metrics(logits, y: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+def _metrics(logits, y: np.ndarray, cost: float = 1.0) -> tuple[np.ndarray, float, np.ndarray]:
     """Per-label NLL ``[N]``, macro-F1 over the classes present in ``y``, and per-label
-    correctness ``[N]``."""
+    correctness ``[N]``, of the grades under false-alarm cost ``cost``."""
     import torch
     from sklearn.metrics import f1_score
 
     lp = torch.log_softmax(logits.double(), dim=1).numpy()
     nll = -np.clip(lp[np.arange(len(y)), y], -50.0, 0.0)
     present = sorted({int(v) for v in y})
-    pred = lp.argmax(1)
+    pred = grade_ids(np.exp(lp), INTACT, cost)
     return nll, float(f1_score(y, pred, labels=present, average="macro")), pred == y
 
 
@@ -304,7 +308,9 @@ def finetune(
             def record(e, fold=fold, ftop=ftop, te=te, j=j):
                 with torch.no_grad():
                     logits = logits_of(fold, ftop, feats[0, 0, te], feats[0, 1, te])
-                nll[e, te], f1[e, j], right[e, te] = _metrics(logits, y[te])
+                nll[e, te], f1[e, j], right[e, te] = _metrics(
+                    logits, y[te], options.false_alarm_cost
+                )
                 oof[e, te] = logits.double().numpy()
 
             record(0)
@@ -327,7 +333,8 @@ def finetune(
 
         def out_of_fold(e: int) -> OutOfFold:
             c = curve[e]
-            pred = oof[e].argmax(1)
+            lp = oof[e] - np.logaddexp.reduce(oof[e], axis=1, keepdims=True)
+            pred = grade_ids(np.exp(lp), INTACT, options.false_alarm_cost)
             return OutOfFold(nll[e], c["macro_f1"], c["accuracy"], c["intact_recall"], pred)
 
         verdict = clearly_better(out_of_fold(0), out_of_fold(best), y)

@@ -755,3 +755,41 @@ def test_predictor_rejects_a_broken_head(adapted, tmp_path):
     onnx.save(proto, str(broken))
     with pytest.raises(ModelError, match=r"broken\.onnx: metadata adaptation: class_ids"):
         Predictor(broken)
+
+
+def test_candidates_are_judged_on_the_grades_of_the_models_own_rule():
+    """A base model with a false-alarm cost (its grade_rule) has its candidates' accuracy,
+    macro-F1 and intact recall computed on the grades that rule gives, as the analyst sees
+    them: intact buildings the base finds only slightly more likely minor damage are intact
+    under cost 2 and damaged under cost 1."""
+    from app.adapt.fit import BaseModel, adapt_head
+
+    rng = np.random.default_rng(5)
+    y = np.array([0] * 24 + [3] * 12)
+    raw = np.zeros((len(y), 4))
+    raw[y == 0, 1] = np.log(1.3)  # p(minor) = 1.3 p(no-damage): damaged at cost 1 only
+    raw[y == 3, 3] = 5.0
+    z = rng.normal(size=(len(y), 8))
+    plain = adapt_head(raw, z, y, BaseModel(4), methods=("logistic",), unlabelled="keep")
+    costly = adapt_head(
+        raw, z, y, BaseModel(4, false_alarm_cost=2.0), methods=("logistic",), unlabelled="keep"
+    )
+    assert plain.train["base"]["intact_recall"] == 0.0
+    assert plain.train["base"]["accuracy"] == pytest.approx(12 / 36)
+    assert costly.train["base"]["intact_recall"] == 1.0
+    assert costly.train["base"]["accuracy"] == 1.0
+    assert costly.cv["candidates"]["base"]["macro_f1"] == 1.0
+    assert plain.cv["candidates"]["base"]["macro_f1"] < 0.7
+
+
+def test_grade_ids_is_grades_by_index():
+    from runtime.grading import grade_ids, grades
+
+    p = np.random.default_rng(2).dirichlet(np.ones(4), size=200)
+    names = ["no-damage", "minor-damage", "major-damage", "destroyed"]
+    for cost in (0.5, 1.0, 2.0, 5.0):
+        np.testing.assert_array_equal(grade_ids(p, 0, cost), grades(p, names, cost))
+    moved = ["minor-damage", "no-damage", "major-damage", "destroyed"]
+    np.testing.assert_array_equal(
+        grade_ids(p[:, [1, 0, 2, 3]], 1, 2.0), grades(p[:, [1, 0, 2, 3]], moved, 2.0)
+    )

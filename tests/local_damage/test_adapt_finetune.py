@@ -346,3 +346,33 @@ def test_trunk_features_are_those_of_the_default_layout():
     assert feats.shape == (2, 2, 5, 4, 7, 7)
     torch.testing.assert_close(feats[0], expected, rtol=1e-5, atol=1e-5)
     assert all(p.is_contiguous() for p in trunk.parameters())
+
+
+@pytest.mark.slow
+def test_finetuning_is_judged_under_the_models_own_rule(base, chips, store, tmp_path, capsys):
+    """A base model whose card carries a grade rule has the fine-tuning's curve computed on the
+    grades that rule gives: with a cost so high that every building is graded no-damage, the
+    base network's cross-validated accuracy is the share of intact labels and its intact recall
+    1, and the rule is kept in the model written."""
+    import json
+
+    import onnx
+
+    from runtime.contract import save_onnx, set_metadata
+    from runtime.predictor import Predictor
+
+    plain = Predictor(base).predict(store.pre, store.post).probabilities.argmax(1)
+    assert (plain != 0).any(), "the fixture model grades every label no-damage: nothing to test"
+    proto = onnx.load(str(base))
+    set_metadata(proto, {"grade_rule": {"false_alarm_cost": 1e6}})
+    careful = save_onnx(proto, tmp_path / "careful.onnx")
+    shutil.copy(base.with_suffix(".safetensors"), tmp_path / "careful.safetensors")
+    out = tmp_path / "tuned.onnx"
+    argv = ["adapt", "--model", careful, "--chips", chips, "--finetune", "--out", out, "--json"]
+    assert run_cli(*argv) == 0
+    block = json.loads(capsys.readouterr().out)
+    first = block["cv"]["curve"][0]
+    y = store.labels
+    assert first["accuracy"] == pytest.approx(float(np.mean(y == 0)), abs=1e-6)
+    assert first["intact_recall"] == 1.0
+    assert Predictor(out).false_alarm_cost == 1e6
