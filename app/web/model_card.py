@@ -37,6 +37,7 @@ def card_markdown(predictor: Predictor) -> str:
     if isinstance(tested, dict):
         lines.append(_test_text(tested, trained))
     lines.append(f"- calibration: {_calibration_text(card.get('calibration'))}")
+    lines.append(f"- grades: {_grade_text(card.get('grade_rule'))}")
     lines.append(f"- ood flag: {_ood_text(card.get('ood'))}")
     lines.append(f"- adapted to a new event: {_adaptation_text(card.get('adaptation'))}")
     return "\n".join(lines)
@@ -66,6 +67,15 @@ def _adaptation_text(block: Any) -> str:
         if extra:
             text += f"; {extra}"
     return text
+
+
+def _grade_text(block: Any) -> str:
+    if not isinstance(block, dict) or float(block.get("false_alarm_cost", 1.0)) == 1.0:
+        return "the most probable grade (no false-alarm cost of its own)"
+    return (
+        f"{block.get('rule')}: the model's own rule (false-alarm cost "
+        f"{_text(float(block['false_alarm_cost']))}), used when the cost field is left empty"
+    )
 
 
 def _ood_text(block: Any) -> str:

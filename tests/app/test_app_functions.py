@@ -444,6 +444,13 @@ def test_false_alarm_cost_in_the_app(score_model, xbd_tile, tile_result, tmp_pat
     _, summary, table, _, _ = on_assess_tile(ctx, own, pre, post, label, None)
     assert "times as probable as no-damage (the model's own rule)" in summary
     assert set(table.loc[table["status"] == "scored", "damage"]) == {"no-damage"}
+    from app.web.model_card import card_markdown
+    from runtime.predictor import Predictor
+
+    assert "- grades: a damaged grade only where at least 1e+06 times" in card_markdown(
+        Predictor(own)
+    )
+    assert "- grades: the most probable grade" in card_markdown(Predictor(model))
     _, summary1, table1, _, _ = on_assess_tile(ctx, own, pre, post, label, 1)
     assert "Grades:" not in summary1
     assert list(table1.loc[table1["status"] == "scored", "damage"]) == [
