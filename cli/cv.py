@@ -107,6 +107,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "buildings damaged compete on macro-F1 (none: the one calling the fewest), e.g. 0.10",
     )
     p.add_argument(
+        "--inner-by",
+        choices=("area", "event"),
+        default="area",
+        help="with --inner K: how the inner folds are made; area (default): the outer split's "
+        "tiles or spatial blocks dealt into K folds; event: the K training events with the most "
+        "labelled buildings held out in turn (the other events always trained on), so a recipe "
+        "is chosen on disasters its inner models never saw",
+    )
+    p.add_argument(
         "--costs",
         type=comma_list(cost_type, "false-alarm costs", "1,2,3"),
         metavar="C,C,...",
@@ -137,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         inner_seed=args.inner_seed,
         max_false_alarm=args.max_false_alarm,
         costs=args.costs,
+        inner_by=args.inner_by,
         progress=not args.quiet,
     )
     try:

@@ -249,6 +249,48 @@ def inner_folds(
         raise SplitError(f"inner folds of outer fold {test_fold}: {exc}") from exc
 
 
+def inner_event_folds(splits, manifest, test_fold: int, folds: int):
+    """Inner folds of the training tiles of one outer fold that hold out whole events: inner
+    fold ``j`` is the ``j``-th training event by labelled buildings (most first, ties by name),
+    so a recipe is chosen on events it never saw, as the product meets a new disaster. The other
+    events' chips (fold ``-1``) are in the training part of every inner fold.
+
+    Args:
+        splits: the outer splits (``load_splits``).
+        manifest: the store's manifest (``read_manifest``).
+        test_fold: the outer test fold, left out entirely.
+        folds: the number of events held out in turn (>= 2).
+
+    Returns:
+        DataFrame chip_id, tile, event, fold (the inner fold, -1: always trained on), group
+        (the event) of the chips outside ``test_fold``.
+
+    Raises:
+        SplitError: no such outer fold, or fewer training events with labelled buildings than
+            ``folds``.
+    """
+    if test_fold not in set(splits["fold"]):
+        raise SplitError(
+            f"no outer fold {test_fold}; the folds are {', '.join(map(str, sorted(set(splits['fold']))))}"
+        )
+    keep = set(splits.loc[splits["fold"] != test_fold, "chip_id"])
+    part = manifest[manifest["chip_id"].isin(keep)].reset_index(drop=True)
+    labelled = part[part["label"] >= 0]
+    counts = labelled.groupby("event").size()
+    ranked = sorted(counts.index, key=lambda e: (-int(counts[e]), str(e)))
+    if len(ranked) < folds:
+        raise SplitError(
+            f"inner folds of outer fold {test_fold}: {folds} events to hold out in turn, but its "
+            f"training tiles hold labelled buildings of {len(ranked)} "
+            f"({', '.join(map(str, ranked)) or 'none'})"
+        )
+    fold_of = {e: j for j, e in enumerate(ranked[:folds])}
+    out = part[["chip_id", "tile", "event"]].copy()
+    out["fold"] = [fold_of.get(e, -1) for e in out["event"]]
+    out["group"] = out["event"]
+    return out
+
+
 def stratified_group_folds(
     labels: np.ndarray,
     groups: np.ndarray,

@@ -45,7 +45,7 @@ from local_damage.config import ConfigError, load_yaml, save_yaml, to_dict
 from local_damage.evaluation.torch_scorer import TorchScorer
 from local_damage.experiments.cv_report import protocol_summary, write_protocol_table
 from local_damage.experiments.cv_tables import write_tables
-from local_damage.experiments.nested import InnerChoice, choose_recipe
+from local_damage.experiments.nested import InnerChoice, choose_recipe, inner_root
 from local_damage.train.checkpoint import LAST_DIR
 from local_damage.train.config import Config
 from local_damage.train.loaders import ChipSplit
@@ -82,6 +82,8 @@ class CVOptions:
         costs: with ``inner``, None (each config graded with its own ``grade.false_alarm_cost``)
             or the false-alarm costs every config is tried under, the chosen one becoming the
             outer run's grade rule (:mod:`~local_damage.experiments.nested`).
+        inner_by: with ``inner``, ``"area"`` (the outer split's tiles or blocks dealt into
+            inner folds) or ``"event"`` (the ``inner`` largest training events held out in turn).
         progress: show training progress bars and per-epoch lines.
     """
 
@@ -92,6 +94,7 @@ class CVOptions:
     inner_seed: int = 0
     max_false_alarm: float | None = None
     costs: Sequence[float] | None = None
+    inner_by: str = "area"
     progress: bool = True
 
 
@@ -393,6 +396,8 @@ def cross_validate(
             f"--max-false-alarm must be a share in [0, 1] and goes with --inner K, got {ceiling}"
             + ("" if inner else " without --inner")
         )
+    if options.inner_by != "area" and not inner:
+        raise CrossValidationError("--inner-by goes with --inner K")
     if options.costs is not None and not (inner and options.costs):
         raise CrossValidationError(
             "--costs lists the false-alarm costs tried on inner folds and goes with --inner K"
@@ -405,7 +410,8 @@ def cross_validate(
         for fold in folds:
             if inner:
                 for j in range(inner):
-                    check_run_config(out / "inner" / f"outer{fold}" / name / f"fold{j}", cfg)
+                    root = inner_root(out, options.inner_by)
+                    check_run_config(root / f"outer{fold}" / name / f"fold{j}", cfg)
             else:
                 check_run_config(out / name / f"fold{fold}", cfg)
                 check_run_holdout(out / name / f"fold{fold}", holdout)
@@ -483,6 +489,7 @@ def cross_validate(
         "inner": inner,
         "max_false_alarm": options.max_false_alarm if inner else None,
         "costs": None if not inner or options.costs is None else list(options.costs),
+        "inner_by": options.inner_by if inner else None,
         "class_names": class_names,
         "prevalence": prevalence(chips, folds, class_names),
         "methods": methods,
@@ -506,6 +513,7 @@ def _selected_method(candidates, chips, out, folds, options, class_names, failed
                 options.progress,
                 max_false_alarm=options.max_false_alarm,
                 costs=options.costs,
+                by=options.inner_by,
             )
             chosen, cfg, _ = choose_recipe(candidates, chips, out, fold, choice)
             run = out / "selected" / f"fold{fold}"

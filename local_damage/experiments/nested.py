@@ -1,7 +1,9 @@
 """Recipe choice on inner folds: nested cross-validation for `local-damage cv --inner K`.
 
 For an outer test fold, the training tiles (every other outer fold) are dealt into ``K`` inner
-folds (:func:`data_prep.split.inner_folds`, every event round the folds). Each candidate recipe
+folds (:func:`data_prep.split.inner_folds`, every event round the folds), or, by event, the
+``K`` training events with the most labelled buildings are held out in turn
+(:func:`data_prep.split.inner_event_folds`: a choice on disasters the inner models never saw). Each candidate recipe
 is trained on ``K - 1`` inner folds and evaluated on the last, ``K`` times, and the recipe with
 the highest mean inner macro-F1 (ties: the first given) is the one trained on all the training
 tiles and scored on the outer test fold. The test fold is never seen by the choice.
@@ -17,8 +19,8 @@ each inner model is trained once and its probabilities graded again (:mod:`runti
 the chosen cost becomes the outer run's ``grade.false_alarm_cost``, so its figures, and the model
 ``export`` writes from it, carry that rule.
 
-Runs live in ``OUT/inner/outer<F>/<recipe>/fold<J>`` and are reused when finished;
-``OUT/inner/outer<F>/selection.json`` records every candidate's inner scores and the choice.
+Runs live in ``OUT/inner/outer<F>/<recipe>/fold<J>`` (``OUT/inner-event/...`` by event) and are
+reused when finished; ``selection.json`` beside them records every candidate's inner scores and the choice.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from data_prep.spec import CLASS_NAMES
-from data_prep.split import inner_folds, load_splits
+from data_prep.split import inner_event_folds, inner_folds, load_splits
 from data_prep.store import read_manifest, write_json
 from local_damage.evaluation.torch_scorer import TorchScorer
 from local_damage.train.config import GradeConfig
@@ -53,6 +55,8 @@ from runtime.metrics import classification_metrics
 log = logging.getLogger(__name__)
 
 SELECTION_JSON = "selection.json"
+#: How inner folds are made (:class:`InnerChoice`).
+INNER_BY = ("area", "event")
 #: What the inner folds choose on.
 SELECT_ON = "macro_f1"
 #: Index of the intact grade in the confusion matrix (rows: true grade).
@@ -90,6 +94,12 @@ def pick(
         f"no candidate called at most {max_false_alarm:.0%} of intact buildings damaged: "
         "the one calling the fewest"
     )
+
+
+def inner_root(out: str | Path, by: str = "area") -> Path:
+    """Where the inner runs of a cross-validation in ``out`` live: ``OUT/inner`` for inner folds
+    by area, ``OUT/inner-event`` by event (they train other models)."""
+    return Path(out) / ("inner" if by == "area" else f"inner-{by}")
 
 
 def graded_metrics(run: Path, class_names: Sequence[str], cost: float) -> dict[str, Any]:
@@ -143,6 +153,11 @@ class InnerChoice:
             called damaged (:func:`pick`).
         costs: None (each recipe graded with its own ``grade.false_alarm_cost``), or the
             false-alarm costs every recipe is tried under (``<name>@cost<C>``).
+        by: ``"area"``: the inner folds deal the outer split's units (tiles, or spatial
+            blocks: :func:`data_prep.split.inner_folds`); ``"event"``: inner fold ``j`` holds out
+            the ``j``-th training event by labelled buildings
+            (:func:`data_prep.split.inner_event_folds`), so the choice is made on disasters the
+            inner models never saw.
     """
 
     inner: int = 2
@@ -150,6 +165,11 @@ class InnerChoice:
     progress: bool = True
     max_false_alarm: float | None = None
     costs: Sequence[float] | None = None
+    by: str = "area"
+
+    def __post_init__(self) -> None:
+        if self.by not in INNER_BY:
+            raise ValueError(f"inner folds by {self.by!r}: expected one of {', '.join(INNER_BY)}")
 
 
 def choose_recipe(
@@ -172,9 +192,12 @@ def choose_recipe(
     inner, seed, progress = choice.inner, choice.seed, choice.progress
     max_false_alarm, costs = choice.max_false_alarm, choice.costs
     chips = Path(chips)
-    where = Path(out) / "inner" / f"outer{outer_fold}"
+    where = inner_root(out, choice.by) / f"outer{outer_fold}"
     manifest = read_manifest(chips)
-    folds = inner_folds(load_splits(chips), manifest, outer_fold, inner, seed=seed)
+    if choice.by == "event":
+        folds = inner_event_folds(load_splits(chips), manifest, outer_fold, inner)
+    else:
+        folds = inner_folds(load_splits(chips), manifest, outer_fold, inner, seed=seed)
     labelled = set(manifest.loc[manifest["label"] >= 0, "chip_id"])
     scores: dict[str, dict[str, Any]] = {}
     configs: dict[str, Any] = {}
@@ -210,6 +233,7 @@ def choose_recipe(
     selection = {
         "outer_fold": outer_fold,
         "inner_folds": inner,
+        "inner_by": choice.by,
         "seed": seed,
         "select_on": SELECT_ON,
         "max_false_alarm": max_false_alarm,
@@ -217,6 +241,9 @@ def choose_recipe(
         "rule": rule,
         "tiles": {
             str(j): sorted(folds.loc[folds["fold"] == j, "tile"].unique()) for j in range(inner)
+        },
+        "events": {
+            str(j): sorted(folds.loc[folds["fold"] == j, "event"].unique()) for j in range(inner)
         },
         "candidates": scores,
         "chosen": chosen,

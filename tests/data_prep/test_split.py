@@ -309,3 +309,25 @@ def test_inner_folds_never_hold_the_outer_test_fold(store):
         inner_folds(splits, manifest, 7, folds=3)
     with pytest.raises(SplitError, match="inner folds of outer fold 0"):
         inner_folds(splits, manifest, 0, folds=500)
+
+
+def test_inner_folds_by_event_hold_out_the_largest_events_in_turn(store):
+    from data_prep.split import inner_event_folds
+
+    make_splits(store, folds=5, by="tile", seed=0, stratify="event", verbose=False)
+    splits, manifest = load_splits(store), read_manifest(store)
+    inner = inner_event_folds(splits, manifest, 0, folds=2)
+    test_ids = set(splits.loc[splits["fold"] == 0, "chip_id"])
+    assert set(inner["chip_id"]) == set(manifest["chip_id"]) - test_ids
+    assert sorted(inner["fold"].unique()) == [-1, 0, 1]  # three events: the smallest never out
+    training = manifest[~manifest["chip_id"].isin(test_ids) & (manifest["label"] >= 0)]
+    counts = training.groupby("event").size()
+    ranked = sorted(counts.index, key=lambda e: (-counts[e], e))
+    for j in (0, 1):
+        assert set(inner.loc[inner["fold"] == j, "event"]) == {ranked[j]}
+    assert set(inner.loc[inner["fold"] == -1, "event"]) == {ranked[2]}
+    assert (inner["group"] == inner["event"]).all()
+    with pytest.raises(SplitError, match="4 events to hold out in turn.*labelled buildings of 3"):
+        inner_event_folds(splits, manifest, 0, folds=4)
+    with pytest.raises(SplitError, match="no outer fold 9"):
+        inner_event_folds(splits, manifest, 9, folds=2)

@@ -268,3 +268,40 @@ def test_intact_called_damaged_reads_the_intact_row():
     assert intact_called_damaged({"confusion_matrix": cm}) == pytest.approx(0.20)
     cm[0] = [0, 0, 0, 0]
     assert intact_called_damaged({"confusion_matrix": cm}) is None
+
+
+@pytest.mark.slow
+def test_cv_inner_by_event_chooses_on_events_left_out(synthetic_xbd, tmp_path):
+    """`cv --inner K --inner-by event`: each inner fold holds out one whole training event (the
+    K largest), the inner runs live apart from the inner folds by area, and the choice records
+    which events were left out."""
+    from data_prep.split import load_splits, make_splits
+    from data_prep.xbd import prepare_xbd
+
+    chips = tmp_path / "chips"
+    prepare_xbd([synthetic_xbd], chips, spec=ChipSpec(chip_size=64, min_size=48), progress=False)
+    make_splits(chips, folds=2, seed=0, stratify="event", verbose=False)
+    configs = []
+    for name in ("local", "ce"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(TINY.format(method=name))
+        configs.append(str(path))
+    out = tmp_path / "cv"
+    argv = ["cv", "--config", *configs, "--chips", str(chips), "--out", str(out), "--quiet"]
+    assert main([*argv, "--inner-by", "event"]) != 0  # it goes with --inner
+    assert main([*argv, "--folds", "0", "--inner", "2", "--inner-by", "event", "--views", "1"]) == 0
+    selection = json.loads((out / "inner-event" / "outer0" / "selection.json").read_text())
+    assert selection["inner_by"] == "event" and not (out / "inner").exists()
+    held = [selection["events"][str(j)] for j in (0, 1)]
+    assert all(len(events) == 1 for events in held) and held[0] != held[1]
+    splits = load_splits(chips)
+    test_tiles = set(splits.loc[splits["fold"] == 0, "tile"])
+    for name in ("local", "ce"):
+        for j in (0, 1):
+            run = out / "inner-event" / "outer0" / name / f"fold{j}"
+            evaluated = json.loads((run / "metrics.json").read_text())
+            assert not set(evaluated["source"]["tiles"]) & test_tiles
+            frame = pd.read_csv(run / "predictions.csv")
+            manifest = read_manifest(chips).set_index("chip_id")
+            assert set(manifest.loc[frame["chip_id"], "event"]) == set(held[j])
+    assert (out / "selected" / "fold0" / "metrics.json").is_file()
