@@ -121,7 +121,8 @@ def on_assess_tile(ctx: AppContext, model_path, pre, post, footprints, false_ala
     if missing:
         raise AppError(f"upload the {', '.join(missing)} file(s) first")
     try:
-        cost = None if false_alarm_cost in (None, "") else check_cost(float(false_alarm_cost))
+        text = "" if false_alarm_cost is None else str(false_alarm_cost).strip()
+        cost = None if text == "" else check_cost(float(text))
     except ValueError as exc:  # a cost that is no number, or not a positive one
         raise AppError(f"false-alarm cost {false_alarm_cost!r}: {exc}") from None
     predictor = ctx.models.get(model_path)

@@ -61,7 +61,8 @@ class TileTab:
             message and the corrections file.
         event, adapt, suggest, adapt_msg, suggestions: the event name, the Adapt and Suggest
             buttons, Adapt's report and the ranked buildings.
-        cost: the false-alarm cost of the grades (``gr.Number``; :mod:`runtime.grading`).
+        cost: the false-alarm cost of the grades (``gr.Textbox``, empty: the model's own rule;
+            :mod:`runtime.grading`).
     """
 
     pre: Any
@@ -142,10 +143,9 @@ def tile_tab(examples: list[list[str]], finetune_note: str | None = None) -> Til
         )
         gr.Markdown(SYNTHETIC_NOTE)
         with gr.Row():
-            cost_in = gr.Number(
-                value=None,
-                minimum=0.01,
-                placeholder="the model's own",
+            cost_in = gr.Textbox(
+                value="",
+                placeholder="the model's own rule",
                 label="False-alarm cost",
                 info="Grade a building damaged only where that grade is at least this many "
                 "times as probable as no-damage (empty: the model's own rule, on its card; 1: the "
