@@ -46,16 +46,15 @@ def grades(
         ValueError: a cost that is not a positive number, or a cost other than 1 for a model
             without a ``no-damage`` class.
     """
-    p = np.asarray(probabilities, dtype=np.float64)
-    cost = check_cost(false_alarm_cost)
-    if cost == 1.0 or len(p) == 0:
-        return p.argmax(axis=1) if p.ndim == 2 else np.zeros(0, dtype=np.int64)
-    if NO_DAMAGE not in class_names:
-        raise ValueError(
-            f"a false-alarm cost needs a {NO_DAMAGE!r} class; this model's classes are "
-            f"{', '.join(class_names)}"
-        )
-    return grade_ids(p, list(class_names).index(NO_DAMAGE), cost)
+    names = list(class_names)
+    if NO_DAMAGE not in names:
+        if check_cost(false_alarm_cost) != 1.0:
+            raise ValueError(
+                f"a false-alarm cost needs a {NO_DAMAGE!r} class; this model's classes are "
+                f"{', '.join(names)}"
+            )
+        return grade_ids(probabilities, 0, 1.0)  # the most probable grade: no class is special
+    return grade_ids(probabilities, names.index(NO_DAMAGE), false_alarm_cost)
 
 
 def grade_ids(

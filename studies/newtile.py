@@ -36,9 +36,11 @@ from data_prep.errors import UsageError
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
 from local_damage.adapt.network import FinetuneError
+from runtime.grading import grade_ids
 from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.registry import default_model
+from runtime.selection import INTACT
 from runtime.training_tiles import training_tiles
 from studies.finetune_arm import finetune_labels, finetuned_classes
 
@@ -170,7 +172,8 @@ def head_predictions(raw, embedding, labels, given, rest, tiles, base: BaseModel
         a = adapt_head(raw[given], embedding[given], labels[given], base, tiles=tiles[given])
     except AdaptError:
         return None, "base (refused)"
-    return a.head.log_probabilities(raw[rest], embedding[rest]).argmax(1), a.head.method
+    p = np.exp(a.head.log_probabilities(raw[rest], embedding[rest]))
+    return grade_ids(p, INTACT, base.false_alarm_cost), a.head.method
 
 
 def tuned_predictions(weights, b, given, rest, unlabelled, base_pred, seed, options=None):

@@ -50,6 +50,7 @@ from local_damage.adapt.network import (
 )
 from local_damage.adapt.semi import Unlabelled
 from runtime.grading import grade_ids
+from runtime.predictor import softmax
 from runtime.selection import INTACT, OutOfFold, clearly_better
 
 log = logging.getLogger(__name__)
@@ -333,8 +334,7 @@ def finetune(
 
         def out_of_fold(e: int) -> OutOfFold:
             c = curve[e]
-            lp = oof[e] - np.logaddexp.reduce(oof[e], axis=1, keepdims=True)
-            pred = grade_ids(np.exp(lp), INTACT, options.false_alarm_cost)
+            pred = grade_ids(softmax(oof[e]), INTACT, options.false_alarm_cost)
             return OutOfFold(nll[e], c["macro_f1"], c["accuracy"], c["intact_recall"], pred)
 
         verdict = clearly_better(out_of_fold(0), out_of_fold(best), y)

@@ -102,13 +102,15 @@ def inner_root(out: str | Path, by: str = "area") -> Path:
     return Path(out) / ("inner" if by == "area" else f"inner-{by}")
 
 
-def graded_metrics(run: Path, class_names: Sequence[str], cost: float) -> dict[str, Any]:
-    """Macro-F1 and confusion matrix of an inner run's predictions (``predictions.csv``) graded
-    under a false-alarm cost (:func:`runtime.grading.grades`)."""
+def graded_metrics(
+    run: Path, class_names: Sequence[str], costs: Sequence[float]
+) -> dict[float, dict[str, Any]]:
+    """Cost -> macro-F1 and confusion matrix of an inner run's predictions (``predictions.csv``,
+    read once) graded under each false-alarm cost (:func:`runtime.grading.grades`)."""
     frame = pd.read_csv(run / PREDICTIONS_CSV)
     p = frame[[f"p_{c}" for c in class_names]].to_numpy(dtype=np.float64)
     y = frame["label"].to_numpy(dtype=np.int64)
-    return classification_metrics(y, grades(p, class_names, cost), class_names)
+    return {c: classification_metrics(y, grades(p, class_names, c), class_names) for c in costs}
 
 
 def candidate_name(recipe: str, cost: float, costs: Sequence[float] | None) -> str:
@@ -213,8 +215,7 @@ def choose_recipe(
             run = where / name / f"fold{j}"
             log.info(f"[outer {outer_fold}, {name}, inner fold {j}] {run}")
             inner_run(cfg, chips, run, train_ids, test_ids, progress)
-            for cost in tried:
-                metrics = graded_metrics(run, names, cost)
+            for cost, metrics in graded_metrics(run, names, tried).items():
                 per_fold[cost][str(j)] = metrics[SELECT_ON]
                 alarms[cost][str(j)] = intact_called_damaged(metrics)
         for cost in tried:

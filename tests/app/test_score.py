@@ -746,16 +746,13 @@ def test_peak_memory_does_not_grow_with_scene_size(tmp_path, score_model):
         assert 100 < peak < 4096, results
 
 
-def test_false_alarm_cost_moves_grades_not_probabilities(
-    tmp_path, scene_scored, synthetic_scene, score_model, predictor
-):
-    """`score --false-alarm-cost C`: the same probabilities, each grade the one of least expected
-    cost (runtime.grading), and the GeoPackage says which rule gave them."""
+def _a_cost_that_moves_grades(scene_scored, predictor):
+    """``(plain, probability columns, scored mask, p, cost)`` of the fixture scene graded with
+    the most probable grade, and a cost (6 significant digits) that turns some of its damaged
+    grades to no-damage but not all."""
     import geopandas as gpd
-    import pyogrio
 
-    from app.scoring.common import GRADES_KEY, probability_columns
-    from runtime.grading import grades
+    from app.scoring.common import probability_columns
 
     plain = gpd.read_file(scene_scored / "scene.geojson")
     cols = probability_columns(predictor.class_names)
@@ -764,7 +761,22 @@ def test_false_alarm_cost_moves_grades_not_probabilities(
     damaged = p.argmax(axis=1) > 0
     assert damaged.sum() >= 2, "the tiny model grades too few buildings damaged to test the rule"
     ratio = np.sort(np.delete(p[damaged], 0, axis=1).max(axis=1) / p[damaged, 0])
-    cost = float(np.sqrt(ratio[0] * ratio[-1])) if ratio[0] < ratio[-1] else float(ratio[0] * 2)
+    cost = np.sqrt(ratio[0] * ratio[-1]) if ratio[0] < ratio[-1] else ratio[0] * 2
+    return plain, cols, scored, p, float(f"{cost:.6g}")
+
+
+def test_false_alarm_cost_moves_grades_not_probabilities(
+    tmp_path, scene_scored, synthetic_scene, score_model, predictor
+):
+    """`score --false-alarm-cost C`: the same probabilities, each grade the one of least expected
+    cost (runtime.grading), and the GeoPackage says which rule gave them."""
+    import geopandas as gpd
+    import pyogrio
+
+    from app.scoring.common import GRADES_KEY
+    from runtime.grading import grades
+
+    plain, cols, scored, p, cost = _a_cost_that_moves_grades(scene_scored, predictor)
     s = synthetic_scene
     out = tmp_path / "costly.gpkg"
     argv = ["score", "--pre", *s.pre, "--post", *s.post, "--buildings", s.buildings]
@@ -801,18 +813,11 @@ def test_the_models_own_grade_rule_is_the_default(
     import geopandas as gpd
     import pyogrio
 
-    from app.scoring.common import GRADES_KEY, probability_columns
+    from app.scoring.common import GRADES_KEY
     from runtime.grading import grades
     from runtime.predictor import Predictor
 
-    plain = gpd.read_file(scene_scored / "scene.geojson")
-    cols = probability_columns(predictor.class_names)
-    scored = (plain["status"] == "scored").to_numpy()
-    p = plain.loc[scored, cols].to_numpy(float)
-    damaged = p.argmax(axis=1) > 0
-    assert damaged.sum() >= 2, "the tiny model grades too few buildings damaged to test the rule"
-    ratio = np.sort(np.delete(p[damaged], 0, axis=1).max(axis=1) / p[damaged, 0])
-    cost = float(f"{np.sqrt(ratio[0] * ratio[-1]) if ratio[0] < ratio[-1] else ratio[0] * 2:.6g}")
+    plain, cols, scored, p, cost = _a_cost_that_moves_grades(scene_scored, predictor)
     own = _with_grade_rule(score_model, tmp_path / "own.onnx", {"false_alarm_cost": cost})
     assert Predictor(own).false_alarm_cost == pytest.approx(cost)
     assert Predictor(score_model).false_alarm_cost == 1.0  # no rule: the most probable grade

@@ -138,9 +138,9 @@ train: {{batch_size: 2, epochs: 1, max_steps_per_epoch: 1, patience: 0, keep: la
 """
 
 
-@pytest.mark.slow
-def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
-    from data_prep.split import load_splits, make_splits
+def _two_folds_two_recipes(synthetic_xbd, tmp_path):
+    """A chip store of the synthetic xBD in two folds, and two tiny recipes (LOCAL and CE)."""
+    from data_prep.split import make_splits
     from data_prep.xbd import prepare_xbd
 
     chips = tmp_path / "chips"
@@ -151,6 +151,14 @@ def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
         path = tmp_path / f"{name}.yaml"
         path.write_text(TINY.format(method=name))
         configs.append(str(path))
+    return chips, configs
+
+
+@pytest.mark.slow
+def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
+    from data_prep.split import load_splits
+
+    chips, configs = _two_folds_two_recipes(synthetic_xbd, tmp_path)
     out = tmp_path / "cv"
     argv = ["cv", "--config", *configs, "--chips", str(chips), "--out", str(out)]
     assert main([*argv, "--folds", "0", "--inner", "2", "--views", "1", "--quiet"]) == 0
@@ -275,17 +283,9 @@ def test_cv_inner_by_event_chooses_on_events_left_out(synthetic_xbd, tmp_path):
     """`cv --inner K --inner-by event`: each inner fold holds out one whole training event (the
     K largest), the inner runs live apart from the inner folds by area, and the choice records
     which events were left out."""
-    from data_prep.split import load_splits, make_splits
-    from data_prep.xbd import prepare_xbd
+    from data_prep.split import load_splits
 
-    chips = tmp_path / "chips"
-    prepare_xbd([synthetic_xbd], chips, spec=ChipSpec(chip_size=64, min_size=48), progress=False)
-    make_splits(chips, folds=2, seed=0, stratify="event", verbose=False)
-    configs = []
-    for name in ("local", "ce"):
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(TINY.format(method=name))
-        configs.append(str(path))
+    chips, configs = _two_folds_two_recipes(synthetic_xbd, tmp_path)
     out = tmp_path / "cv"
     argv = ["cv", "--config", *configs, "--chips", str(chips), "--out", str(out), "--quiet"]
     assert main([*argv, "--inner-by", "event"]) != 0  # it goes with --inner
