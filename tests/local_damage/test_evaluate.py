@@ -338,3 +338,28 @@ def test_onnx_model_scores_like_the_run(run, store, synthetic_xbd, tmp_path):
     assert np.allclose(onnx.z, torch.z, atol=1e-3)
     assert np.allclose(onnx.z_view2, torch.z_view2, atol=1e-3)
     assert onnx.e_post is None
+
+
+@pytest.mark.slow
+def test_evaluate_grades_under_the_false_alarm_cost_given(run, store, tmp_path):
+    """`evaluate --false-alarm-cost C` computes its figures on the grades of that rule (the
+    probabilities unchanged), records the rule and prints it; without it, the most probable."""
+    from runtime.grading import grades
+
+    args = ["evaluate", "--run", str(run), "--chips", str(store), "--fold", "0", "--views", "1"]
+    plain, costly = tmp_path / "plain", tmp_path / "costly"
+    assert main([*args, "--no-tsne", "--out", str(plain), "--quiet"]) == 0
+    assert (
+        main([*args, "--no-tsne", "--out", str(costly), "--quiet", "--false-alarm-cost", "3"]) == 0
+    )
+    a, b = _predictions(plain), _predictions(costly)
+    cols = [f"p_{c}" for c in CLASS_NAMES]
+    np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), atol=1e-6)
+    assert list(b["pred"]) == list(grades(b[cols].to_numpy(), CLASS_NAMES, 3.0))
+    metrics = json.loads((costly / "metrics.json").read_text())
+    assert metrics["grade_rule"]["false_alarm_cost"] == 3.0
+    assert metrics["accuracy"] == pytest.approx(float((b["pred"] == b["label"]).mean()))
+    assert json.loads((plain / "metrics.json").read_text())["grade_rule"]["false_alarm_cost"] == 1.0
+    assert (a["pred"] != b["pred"]).any(), "the tiny run has no grade that cost 3 moves"
+    with pytest.raises(SystemExit):  # argparse: the cost must be a positive number
+        main([*args, "--out", str(tmp_path / "bad"), "--false-alarm-cost", "0"])
