@@ -202,13 +202,16 @@ def unlabelled_discount(
     classes: Sequence[int],
     k: int,
     base_temperature: float = 1.0,
-    pseudo_count: float = UNLABELLED_PSEUDO_COUNT,
+    pseudo_count: float | None = None,
 ) -> np.ndarray:
     """``rho`` ``[K]`` of the ``discount`` rule for the labelled buildings' raw logits: for a class
     without a label that the base model called (argmax) on at least
     :data:`UNLABELLED_MIN_EVIDENCE` of them, ``A / (A + e_c)`` with ``e_c`` the base model's
     expected count of that class among them; 1 for the labelled ``classes`` and for a class the
-    labels give no evidence against."""
+    labels give no evidence against. ``pseudo_count``: ``A`` (None:
+    :data:`UNLABELLED_PSEUDO_COUNT`, read when called, so a study can set it)."""
+    if pseudo_count is None:
+        pseudo_count = UNLABELLED_PSEUDO_COUNT
     p = np.exp(log_softmax(np.asarray(raw_logits, np.float64) / base_temperature))
     rho = pseudo_count / (pseudo_count + p.sum(axis=0))
     called = np.bincount(p.argmax(axis=1), minlength=k) if len(p) else np.zeros(k, int)

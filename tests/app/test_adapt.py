@@ -203,6 +203,21 @@ def test_a_class_the_base_model_never_expects_keeps_its_probability():
     )
 
 
+def test_the_discount_prior_weight_is_read_when_called(monkeypatch):
+    """``rho = A / (A + e)``: 40 labels all expected in class 2 give 1/41 with ``A`` = 1, and a
+    study that sets the module's ``A`` to 5 gets 5/45 from the same call."""
+    import app.adapt.fit as fit
+
+    raw = np.zeros((40, 4))
+    raw[:, 2] = 30.0
+    assert fit.unlabelled_discount(raw, [0, 1], 4)[2] == pytest.approx(1.0 / 41.0, rel=1e-6)
+    monkeypatch.setattr(fit, "UNLABELLED_PSEUDO_COUNT", 5.0)
+    rho = fit.unlabelled_discount(raw, [0, 1], 4)
+    assert rho[2] == pytest.approx(5.0 / 45.0, rel=1e-6)
+    assert rho[0] == rho[1] == rho[3] == 1.0  # labelled, or never called: untouched
+    assert fit.unlabelled_discount(raw, [0, 1], 4, pseudo_count=2.0)[2] == pytest.approx(2 / 42)
+
+
 def test_an_unlabelled_class_region_keeps_its_grade():
     """Pure head arithmetic on inputs where the base model says class 2 with p > 0.5: the
     adapted argmax stays 2 and p(2) is unchanged, whatever the head does to classes 0, 1, 3."""
