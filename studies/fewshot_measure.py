@@ -12,15 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from app.adapt.fit import METHODS, AdaptError, BaseModel, adapt_head
+from app.adapt.fit import METHODS, AdaptError, adapt_head
 from app.adapt.labelled import from_chip_store
-from app.adapt.model import base_of, base_prototypes
+from app.adapt.model import base_model
 from app.adapt.suggest import suggestion_order
 from data_prep.split import spatial_blocks
 from data_prep.store import read_manifest
 from local_damage.adapt.finetune import FinetuneOptions
 from local_damage.adapt.network import FinetuneError
 from local_damage.export.weights import export_weights
+from runtime.grading import grade_ids
 from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.selection import INTACT
@@ -111,10 +112,10 @@ def measure_event(
     b = b.subset(b.labelled)
     p = predictor.predict(b.pre, b.post)
     raw = p.raw_logits if p.raw_logits is not None else p.logits
-    y, ids, base_pred = b.labels, np.asarray(b.ids), p.probabilities.argmax(1)
+    base_net = base_model(predictor)  # the base and the heads graded under the model's own rule
+    y, ids = b.labels, np.asarray(b.ids)
+    base_pred = grade_ids(p.probabilities, INTACT, base_net.false_alarm_cost)
     tiles = b.tiles()
-    t0, _ = base_of(predictor.metadata)
-    protos = base_prototypes(predictor.metadata, names)
     n_pool = pool_size(len(b), settings)
     weights = base_onnx.with_suffix(".safetensors")
     if settings.finetune_epochs and not weights.is_file():
@@ -182,14 +183,15 @@ def measure_event(
                             raw[given],
                             p.embedding[given],
                             y[given],
-                            BaseModel(len(names), t0, protos),
+                            base_net,
                             METHODS,
                             settings.seed,
                             settings.unlabelled,
                             [tiles[i] for i in given],
                         )
                         lp = a.head.log_probabilities(raw[ev], p.embedding[ev])
-                        row.update(_scores(y[ev], lp.argmax(1), names), model=a.head.method)
+                        graded = grade_ids(np.exp(lp), INTACT, base_net.false_alarm_cost)
+                        row.update(_scores(y[ev], graded, names), model=a.head.method)
                         if arm == "adapt-suggested":
                             head = a.head
                     except AdaptError as exc:  # adapt refuses; the analyst keeps the base model

@@ -31,7 +31,7 @@ import numpy as np
 
 from app.adapt.fit import AdaptError, BaseModel, adapt_head
 from app.adapt.labelled import concat, from_chip_store
-from app.adapt.model import base_of, base_prototypes
+from app.adapt.model import base_model
 from data_prep.errors import UsageError
 from data_prep.store import atomic_path
 from local_damage.adapt.finetune import FinetuneOptions, weights_beside
@@ -111,9 +111,8 @@ def bench_new_tile(
     b, tile = b.subset(fresh), tile[fresh]
     p = predictor.predict(b.pre, b.post)
     raw = p.raw_logits if p.raw_logits is not None else p.logits
-    base_pred = p.probabilities.argmax(1)
-    t0, _ = base_of(predictor.metadata)
-    protos = base_prototypes(predictor.metadata, names)
+    base = base_model(predictor)  # the base and the heads graded under the model's own rule
+    base_pred = grade_ids(p.probabilities, INTACT, base.false_alarm_cost)
     sizes = Counter(tile.tolist())
     weights = weights_beside(model)
     rows: list[dict[str, Any]] = []
@@ -136,9 +135,7 @@ def bench_new_tile(
                     continue
                 start = time.perf_counter()
                 if arm == "heads":
-                    pred, head = head_predictions(
-                        raw, p.embedding, y, given, rest, tile, BaseModel(len(names), t0, protos)
-                    )
+                    pred, head = head_predictions(raw, p.embedding, y, given, rest, tile, base)
                     pred = base_pred[rest] if pred is None else pred
                 else:
                     unl = rest if arm == "semi" else None

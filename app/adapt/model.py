@@ -71,6 +71,20 @@ def base_prototypes(metadata: Mapping[str, Any], class_names: Sequence[str]) -> 
     }
 
 
+def base_model(predictor) -> BaseModel:
+    """The :class:`~app.adapt.fit.BaseModel` a head is fitted on top of, read from a
+    :class:`runtime.predictor.Predictor`: its classes, temperature, prototypes and own grade
+    rule (what ``adapt`` fits on; the studies that replay ``adapt`` call it too)."""
+    names = list(predictor.class_names)
+    t0, _ = base_of(predictor.metadata)
+    return BaseModel(
+        len(names),
+        t0,
+        base_prototypes(predictor.metadata, names),
+        predictor.false_alarm_cost,
+    )
+
+
 def adaptation_block(
     adaptation: Adaptation,
     class_names: Sequence[str],
@@ -329,19 +343,12 @@ def adapt_model(
     pred = predictor.predict(labelled.pre, labelled.post, batch_size=batch_size)
     raw = pred.raw_logits if pred.raw_logits is not None else pred.logits
     embed_seconds = time.perf_counter() - start
-    names = list(predictor.class_names)
-    t0, _ = base_of(predictor.metadata)
     try:
         adaptation = adapt_head(
             raw,
             pred.embedding,
             labelled.labels,
-            BaseModel(
-                len(names),
-                t0,
-                base_prototypes(predictor.metadata, names),
-                predictor.false_alarm_cost,
-            ),
+            base_model(predictor),
             methods,
             seed,
             unlabelled,
@@ -349,6 +356,7 @@ def adapt_model(
         )
     except AdaptError as exc:
         raise AdaptError(f"{sources}: {exc}") from exc
+    names = list(predictor.class_names)
     block = adaptation_block(
         adaptation, names, predictor.path, predictor.metadata, labelled.counts(names)
     )

@@ -808,3 +808,26 @@ def test_grade_ids_is_grades_by_index():
     np.testing.assert_array_equal(
         grade_ids(p[:, [1, 0, 2, 3]], 1, 2.0), grades(p[:, [1, 0, 2, 3]], moved, 2.0)
     )
+
+
+def test_base_model_carries_the_models_temperature_prototypes_and_grade_rule(base, tmp_path):
+    """What `adapt` (and the studies replaying it) fit on: the calibrated fixture's temperature
+    and ood prototypes, and the grade rule of its metadata (1 when it has none)."""
+    import onnx
+
+    from app.adapt.model import base_model
+    from runtime.contract import save_onnx, set_metadata
+    from runtime.predictor import Predictor
+
+    plain = base_model(Predictor(base))
+    md = Predictor(base).metadata
+    assert plain.k == 4 and plain.false_alarm_cost == 1.0
+    assert plain.temperature == pytest.approx(md["calibration"]["temperature"])
+    names = list(Predictor(base).class_names)
+    assert sorted(plain.prototypes) == sorted(names.index(n) for n in md["ood"]["class_names"])
+    assert plain.prototypes  # the fixture's ood block has prototypes
+    proto = onnx.load(str(base))
+    set_metadata(proto, {"grade_rule": {"false_alarm_cost": 2.5}})
+    ruled = base_model(Predictor(save_onnx(proto, tmp_path / "ruled.onnx")))
+    assert ruled.false_alarm_cost == 2.5
+    assert ruled.temperature == plain.temperature

@@ -26,9 +26,11 @@ import numpy as np
 
 import app.adapt.fit as fit
 from app.adapt.labelled import from_chip_store
-from app.adapt.model import base_of, base_prototypes
+from app.adapt.model import base_model
+from runtime.grading import grade_ids
 from runtime.predictor import Predictor
-from studies.newtile import WORSE, NewTileOptions, bench_new_tile, macro_f1
+from runtime.selection import INTACT
+from studies.newtile import WORSE, NewTileOptions, bench_new_tile, head_predictions, macro_f1
 
 K_MICHAEL = (10, 20, 50, 100)
 K_NEW_TILE = (5, 10, 20, 50)
@@ -43,8 +45,8 @@ def michael(model: str, chips: str, seed: int, draws: int):
     p = predictor.predict(b.pre, b.post)
     raw = p.raw_logits if p.raw_logits is not None else p.logits
     y, z, tiles = b.labels, p.embedding, np.asarray(b.tiles())
-    t0, _ = base_of(predictor.metadata)
-    base = fit.BaseModel(len(names), t0, base_prototypes(predictor.metadata, names))
+    base = base_model(predictor)  # the base and the heads graded under the model's own rule
+    base_pred = grade_ids(p.probabilities, INTACT, base.false_alarm_cost)
 
     def run() -> list[str]:
         lines = []
@@ -53,15 +55,9 @@ def michael(model: str, chips: str, seed: int, draws: int):
             for d in range(draws):
                 perm = np.random.default_rng([seed, k, d]).permutation(len(y))
                 given, rest = perm[:k], np.sort(perm[k:])
-                before = macro_f1(y[rest], raw[rest].argmax(1), names)
-                try:
-                    a = fit.adapt_head(raw[given], z[given], y[given], base, tiles=tiles[given])
-                    pred, head = (
-                        a.head.log_probabilities(raw[rest], z[rest]).argmax(1),
-                        a.head.method,
-                    )
-                except fit.AdaptError:
-                    pred, head = raw[rest].argmax(1), "base (refused)"
+                before = macro_f1(y[rest], base_pred[rest], names)
+                pred, head = head_predictions(raw, z, y, given, rest, tiles, base)
+                pred = base_pred[rest] if pred is None else pred
                 gains.append(macro_f1(y[rest], pred, names) - before)
                 kept[head] += 1
             g = np.asarray(gains)

@@ -22,9 +22,9 @@ import time
 import numpy as np
 from sklearn.model_selection import GroupKFold
 
-from app.adapt.fit import METHODS, BaseModel, adapt_head, fit_head
+from app.adapt.fit import METHODS, adapt_head, fit_head
 from app.adapt.labelled import from_chip_store
-from app.adapt.model import base_of, base_prototypes
+from app.adapt.model import base_model
 from data_prep.store import read_manifest
 from local_damage.adapt import finetune as ft
 from local_damage.adapt.finetune import FinetuneOptions
@@ -79,8 +79,7 @@ def main(base_onnx: str, chips: str, only: str = "") -> None:
     p = predictor.predict(b.pre, b.post)
     raw = p.raw_logits if p.raw_logits is not None else p.logits
     y = b.labels
-    t0, _ = base_of(predictor.metadata)
-    base = BaseModel(len(names), t0, base_prototypes(predictor.metadata, names))
+    base = base_model(predictor)
     manifest = read_manifest(chips)
     tile = dict(zip(manifest["chip_id"], manifest["tile"], strict=True))
     groups = np.asarray([tile[i] for i in b.ids])

@@ -39,9 +39,9 @@ from collections import Counter
 import numpy as np
 
 import app.adapt.fit as fit
-from app.adapt.fit import AdaptError, BaseModel, adapt_head
+from app.adapt.fit import AdaptError, adapt_head
 from app.adapt.labelled import from_chip_store
-from app.adapt.model import base_of, base_prototypes
+from app.adapt.model import base_model
 from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
 from runtime.selection import NEAR_TIE_SE, macro_f1_gain
@@ -101,8 +101,7 @@ def main() -> None:
     z = p.embedding
     y = b.labels
     base_pred = p.probabilities.argmax(1)
-    t0, _ = base_of(predictor.metadata)
-    base = BaseModel(kk, t0, base_prototypes(predictor.metadata, names))
+    base = base_model(predictor)
     tiles = np.asarray(b.tiles())
     blocks = area_blocks(args.chips, b.ids)
     print(f"{args.model}: {len(b)} {args.event} buildings, draw {args.draw}", flush=True)

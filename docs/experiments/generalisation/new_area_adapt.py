@@ -21,12 +21,13 @@ import time
 
 import numpy as np
 
-from app.adapt.fit import BaseModel
 from app.adapt.labelled import from_chip_store
-from app.adapt.model import base_of, base_prototypes
+from app.adapt.model import base_model
 from local_damage.adapt.finetune import weights_beside
+from runtime.grading import grade_ids
 from runtime.metrics import classification_metrics
 from runtime.predictor import Predictor
+from runtime.selection import INTACT
 from runtime.training_tiles import training_tiles
 from studies.newtile import head_predictions, tuned_predictions
 
@@ -67,9 +68,8 @@ def main() -> None:
     )
     p = predictor.predict(b.pre, b.post)
     raw = p.raw_logits if p.raw_logits is not None else p.logits
-    base_pred = p.probabilities.argmax(1)
-    t0, _ = base_of(predictor.metadata)
-    protos = base_prototypes(predictor.metadata, names)
+    base_net = base_model(predictor)  # the base and the heads graded under the model's own rule
+    base_pred = grade_ids(p.probabilities, INTACT, base_net.false_alarm_cost)
     weights = weights_beside(args.model)
     print("arm | draw | base acc / mF1 / intact called damaged | adapted | kept | worse | s")
     for d in range(args.draws):
@@ -82,9 +82,7 @@ def main() -> None:
                 continue
             start = time.perf_counter()
             if arm == "heads":
-                pred, kept = head_predictions(
-                    raw, p.embedding, y, given, rest, tile, BaseModel(len(names), t0, protos)
-                )
+                pred, kept = head_predictions(raw, p.embedding, y, given, rest, tile, base_net)
                 pred = base_pred[rest] if pred is None else pred
             else:
                 unlabelled = rest if arm == "semi" else None
