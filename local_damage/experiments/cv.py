@@ -136,9 +136,12 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return items
 
 
-#: Config sections that do not change the trained weights: a run is reused under another value
-#: (and evaluated again with it).
-NOT_TRAINING = ("grade.",)
+#: Config keys that do not change what is trained: a run is reused under another value (and
+#: evaluated again with it). The grade rule acts on the probabilities alone; the device and the
+#: loader's workers only say where the same recipe runs (a chip's augmentation depends on the seed
+#: and the epoch alone, `ChipPairDataset.set_epoch`), so a fold trained on a GPU with workers is
+#: reused on a CPU without them.
+NOT_TRAINING = ("grade.", "train.device", "data.num_workers")
 
 
 def check_run_config(run: str | Path, cfg) -> None:

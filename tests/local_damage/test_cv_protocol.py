@@ -230,9 +230,10 @@ def test_cv_inner_chooses_on_inner_folds_only(synthetic_xbd, tmp_path):
     assert list(frame["pred"]) == list(want)
 
 
-def test_a_run_is_reused_under_another_grade_rule_only(tmp_path):
-    """The grade rule does not change the weights: a finished run is reused under another cost
-    (and evaluated again), never under another training setting."""
+def test_a_run_is_reused_under_another_grade_rule_or_machine_only(tmp_path):
+    """The grade rule, the device and the loader's workers do not change the weights: a finished
+    run is reused under another cost (and evaluated again) or on another machine, never under
+    another training setting."""
     from local_damage.config import save_yaml
     from local_damage.experiments.cv import CrossValidationError, check_run_config
     from local_damage.experiments.nested import with_cost
@@ -241,6 +242,9 @@ def test_a_run_is_reused_under_another_grade_rule_only(tmp_path):
     cfg = Config()
     save_yaml(cfg, tmp_path / "config.yaml")
     check_run_config(tmp_path, with_cost(cfg, 3.0))
+    elsewhere = Config()
+    elsewhere.train.device, elsewhere.data.num_workers = "cpu", cfg.data.num_workers + 2
+    check_run_config(tmp_path, elsewhere)
     longer = Config()
     longer.train.epochs = cfg.train.epochs + 1
     with pytest.raises(CrossValidationError, match="train.epochs"):

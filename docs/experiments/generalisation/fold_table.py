@@ -2,9 +2,10 @@
 
     python docs/experiments/generalisation/fold_table.py CHIPS OUT NAME FOLD_DIR [FOLD_DIR ...]
 
-``local-damage cv`` reuses a finished fold only when its ``config.yaml`` equals the command's, so
-folds of one recipe trained on a GPU (``train.device: cuda``, two loader workers) and on the CPU
-(``cpu``, none) cannot be tabled by one ``cv`` call. This script pools such folds as ``cv`` does
+``local-damage cv`` reuses a finished fold only when its ``config.yaml`` equals the command's
+(where it ran, ``train.device`` and ``data.num_workers``, aside), so folds of one recipe trained
+in two precisions (``train.amp``: float32 on one machine, bfloat16 on another) cannot be tabled by
+one ``cv`` call. This script pools such folds as ``cv`` does
 (:func:`local_damage.experiments.cv_report.protocol_summary`): it writes ``OUT/cv_table.md`` and
 ``OUT/oof_predictions.csv`` and prints, per fold, the test figures beside the figures on the
 fold's own training buildings (``train_eval/metrics.json`` of ``fold_extras``), the gap that
