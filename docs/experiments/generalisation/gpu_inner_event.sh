@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 128 px runs of docs/experiments/generalisation.md's choice on inner folds by event
-# (Hurricane Michael held out), on one GPU machine (one call of the lent machine: about 9 minutes
+# (Hurricane Michael held out), on one GPU machine (one call of the lent machine: about 6 minutes
 # on an H200 with 16 cores). Run from the project root with the project importable (PYTHONPATH=.):
 #
 #   local-damage prepare xbd --xbd ../shared/data/xbd_sample --xbd ../shared/data/xbd_extra \
