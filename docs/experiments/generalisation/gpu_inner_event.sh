@@ -11,7 +11,7 @@
 #   python -m data_prep.store_pack pack FOUR PACK
 #   bash docs/experiments/generalisation/gpu_inner_event.sh PACK IDS OUT [SECONDS]
 #
-# The store travels without the held-out event (42 MB packed at JPEG quality 95; the whole store, about 100 MB):
+# The store travels without the held-out event (42 MB packed at JPEG quality 95; the whole store 83 MB, over the 64 MiB upload):
 # the inner runs are evaluated here, on the held-out training event; the outer runs are trained
 # here and evaluated where the held-out event is. Jobs (inner_event_jobs.py run, P at a time,
 # longest first) still running after SECONDS (default 500) are stopped; the finished ones are
