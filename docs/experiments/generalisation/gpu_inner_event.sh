@@ -25,7 +25,10 @@ SECONDS_LEFT=${4:-500}
 P=${P:-6}
 WORK=${WORK:-/tmp/inner}
 mkdir -p "$WORK/logs" "$OUT"
+OUT=$(cd "$OUT" && pwd)
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+ROOT=$PWD  # the project root: the weights are packed from $WORK
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 python -m data_prep.store_pack unpack "$PACK" "$WORK/chips" >/dev/null || exit 1
 OUTER=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['outer_fold'])" "$IDS") || exit 1
 SETS=${SETS:-"--set train.amp=bf16 --set data.num_workers=2"}
@@ -60,12 +63,7 @@ tar czf "$OUT/results.tar.gz" --exclude='*.safetensors' --exclude='checkpoints' 
     --exclude='*.pt' --exclude='embeddings.npz' logs jobs.txt runs
 for run in runs/*/fold"$OUTER"; do
     [ -f "$run/best.safetensors" ] || continue
-    python - "$run/best.safetensors" "$run/half.safetensors" <<'PY'
-import sys
-from safetensors.torch import load_file, save_file
-w = load_file(sys.argv[1])
-save_file({k: v.half() if v.is_floating_point() else v for k, v in w.items()}, sys.argv[2])
-PY
-    split -b 15M "$run/half.safetensors" "$OUT/$(echo "$run" | tr / _).half.safetensors.part-"
+    python "$ROOT/docs/experiments/generalisation/half_weights.py" pack "$run" \
+        "$OUT/$(echo "$run" | tr / _).half.safetensors"
 done
 ls -la "$OUT"

@@ -21,7 +21,10 @@ SECONDS_LEFT=${3:-450}
 P=${P:-5}
 WORK=${WORK:-/tmp/gen}
 mkdir -p "$WORK" "$OUT"
+OUT=$(cd "$OUT" && pwd)
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+ROOT=$PWD  # the project root: the weights are packed from $WORK
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 LD="python -m cli.main"
 python -m data_prep.store_pack unpack "$PACK" "$WORK/block" >/dev/null || exit 1
 cp -r "$WORK/block" "$WORK/event"
@@ -76,12 +79,7 @@ tar czf "$OUT/results.tar.gz" --exclude='*.safetensors' --exclude='checkpoints' 
 for run in runs/final runs/loeo-bundled/loeo-bundled/fold2; do
     [ -f "$run/best.safetensors" ] || continue
     # float16 halves the upload back (48 -> 24 MB); the model is exported to int8 after anyway
-    python - "$run/best.safetensors" "$run/half.safetensors" <<'PY'
-import sys
-from safetensors.torch import load_file, save_file
-w = load_file(sys.argv[1])
-save_file({k: v.half() if v.is_floating_point() else v for k, v in w.items()}, sys.argv[2])
-PY
-    split -b 15M "$run/half.safetensors" "$OUT/$(echo "$run" | tr / _).half.safetensors.part-"
+    python "$ROOT/docs/experiments/generalisation/half_weights.py" pack "$run" \
+        "$OUT/$(echo "$run" | tr / _).half.safetensors"
 done
 ls -la "$OUT"

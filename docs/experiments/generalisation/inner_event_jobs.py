@@ -57,8 +57,16 @@ def run(config: str, chips: str, ids: str, job: str, out: str, overrides: list[s
     """Train (and, for an inner fold, evaluate) one job of a plan."""
     from local_damage.experiments.nested import inner_run
 
+    try:
+        jobs = json.loads(Path(ids).read_text())["jobs"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(
+            f"{ids}: not a plan written by `inner_event_jobs.py plan` ({exc})"
+        ) from exc
+    if job not in jobs:
+        raise SystemExit(f"{ids}: no job {job!r}; the plan's jobs are {', '.join(jobs)}")
+    spec = jobs[job]
     cfg = load_yaml(Config, config, overrides)
-    spec = json.loads(Path(ids).read_text())["jobs"][job]
     if job == OUTER:
         train(cfg, chips, Path(out), ChipSplit(ids=(spec["train"], [])), progress=False)
         return
