@@ -58,8 +58,7 @@ def pair(run_a: str, run_b: str, out: str) -> None:
     frame["js"] = divergence(p)
     for k, c in enumerate(CLASSES):
         frame[f"plain_{c}"] = p[:, 0, k]
-    frame.to_csv(out, index=False, float_format="%.6f")
-    print(f"{out}: {len(frame)} buildings, median disagreement {frame['js'].median():.4f}")
+    written(frame, out)
 
 
 def tta(run: str, chips: str, out: str, ids_from: str | None = None) -> None:
@@ -95,8 +94,19 @@ def tta(run: str, chips: str, out: str, ids_from: str | None = None) -> None:
     for k, c in enumerate(CLASSES):
         frame[f"p_{c}"] = mean[:, k]
         frame[f"plain_{c}"] = p[:, 0, k]
+    written(frame, out)
+
+
+def written(frame: pd.DataFrame, out: str) -> None:
+    """Write ``frame`` to ``out`` and say what its disagreement is, per building and per tile."""
     frame.to_csv(out, index=False, float_format="%.6f")
-    print(f"{out}: {len(frame)} buildings, median disagreement {frame['js'].median():.4f}")
+    tiles = frame.groupby(frame["chip_id"].str.split(":").str[0])["js"].agg(["size", "mean"])
+    tiles = tiles[tiles["size"] >= MIN_BUILDINGS]["mean"]
+    print(
+        f"{out}: {len(frame)} buildings, median disagreement {frame['js'].median():.4f}; "
+        f"{len(tiles)} tiles of at least {MIN_BUILDINGS}: median {tiles.median():.4f}, "
+        f"0.95 quantile {tiles.quantile(0.95):.4f}"
+    )
 
 
 def tiles_of(paths: list[str], unseen: bool) -> pd.DataFrame:
