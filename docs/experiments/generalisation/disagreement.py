@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-CLASSES = ("no-damage", "minor-damage", "major-damage", "destroyed")
+from data_prep.spec import CLASS_NAMES as CLASSES
+
 UNSEEN_IN_BLOCKS = "joplin-tornado"
 MIN_BUILDINGS = 5
 
@@ -47,8 +48,15 @@ def divergence(p: np.ndarray) -> np.ndarray:
     return entropy(p.mean(axis=1)) - entropy(p).mean(axis=1)
 
 
+def predictions(run: str | Path) -> pd.DataFrame:
+    path = Path(run) / "predictions.csv"
+    if not path.is_file():
+        sys.exit(f"{path}: not found; give a fold folder that `cv` (or `fold_extras`) wrote")
+    return pd.read_csv(path).set_index("chip_id")
+
+
 def pair(run_a: str, run_b: str, out: str) -> None:
-    a, b = (pd.read_csv(Path(r) / "predictions.csv").set_index("chip_id") for r in (run_a, run_b))
+    a, b = (predictions(r) for r in (run_a, run_b))
     if not a.index.sort_values().equals(b.index.sort_values()):
         sys.exit(f"{run_a} and {run_b} graded different buildings")
     b = b.loc[a.index]
@@ -67,9 +75,12 @@ def tta(run: str, chips: str, out: str, ids_from: str | None = None) -> None:
 
     from local_damage.data import ChipPairDataset, normalize
     from local_damage.evaluation.torch_scorer import TorchScorer
+    from runtime.predictor import TTA_VIEWS
 
     scorer = TorchScorer(run, device="cpu")
-    ids = pd.read_csv(ids_from or Path(run) / "predictions.csv")["chip_id"].tolist()
+    ids = (pd.read_csv(ids_from) if ids_from else predictions(run).reset_index())[
+        "chip_id"
+    ].tolist()
     data = ChipPairDataset(Path(chips), ids, scorer.input_size)
     model = scorer.model
     probs = []  # [N, 8, K]
@@ -77,22 +88,19 @@ def tta(run: str, chips: str, out: str, ids_from: str | None = None) -> None:
         for pre, post, _ in DataLoader(data, batch_size=128, shuffle=False):
             pre, post = normalize(pre), normalize(post)
             views = []
-            for mirrored in (False, True):
-                for turns in range(4):
-                    a = torch.rot90(pre, turns, dims=(2, 3))
-                    b = torch.rot90(post, turns, dims=(2, 3))
-                    if mirrored:
-                        a, b = a.flip(3), b.flip(3)
-                    logits = model.predict(a.contiguous(), b.contiguous())[0]
-                    views.append(torch.softmax(logits.float(), dim=1).numpy())
+            for turns, mirrored in TTA_VIEWS["d8"]:  # NCHW here: as runtime.predictor.tta_view
+                a = torch.rot90(pre, turns, dims=(2, 3))
+                b = torch.rot90(post, turns, dims=(2, 3))
+                if mirrored:
+                    a, b = a.flip(3), b.flip(3)
+                logits = model.predict(a.contiguous(), b.contiguous())[0]
+                views.append(torch.softmax(logits.float(), dim=1).numpy())
             probs.append(np.stack(views, axis=1))
     p = np.concatenate(probs).astype(np.float64)
-    mean = p.mean(axis=1)
     frame = pd.DataFrame({"chip_id": list(data.chip_ids)})
     frame["label"] = data.labels
     frame["js"] = divergence(p)
     for k, c in enumerate(CLASSES):
-        frame[f"p_{c}"] = mean[:, k]
         frame[f"plain_{c}"] = p[:, 0, k]
     written(frame, out)
 

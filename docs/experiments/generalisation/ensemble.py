@@ -25,11 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from data_prep.spec import CLASS_NAMES as CLASSES
+from local_damage.experiments.nested import pick
 from runtime.grading import grades
 from runtime.metrics import macro_f1_present
 from runtime.metrics.calibration import expected_calibration_error
 
-CLASSES = ("no-damage", "minor-damage", "major-damage", "destroyed")
 P = [f"p_{c}" for c in CLASSES]
 COSTS = (1.0, 2.0, 3.0, 5.0)
 MAX_FALSE_ALARM = 0.10
@@ -127,7 +128,7 @@ def choice(runs: Path) -> None:
         outer = {r: load(runs / outer_runs[r]) for r in recipes}
         for largest in sorted({1, 2, len(recipes)}):
             sizes = range(1, largest + 1)
-            scored = []
+            scored = {}  # (members, cost) -> mean inner macro-F1 and false alarms, as cv's
             for members in (c for n in sizes for c in itertools.combinations(recipes, n)):
                 for cost in COSTS:
                     per = [
@@ -138,16 +139,12 @@ def choice(runs: Path) -> None:
                         )
                         for f in inner
                     ]
-                    scored.append(
-                        (
-                            np.mean([x["macro_f1"] for x in per]),
-                            np.mean([x["false_alarm"] for x in per]),
-                            members,
-                            cost,
-                        )
-                    )
-            ok = [s for s in scored if s[1] <= MAX_FALSE_ALARM]
-            f1, fa, members, cost = max(ok, key=lambda s: s[0])
+                    scored[members, cost] = {
+                        "mean": float(np.mean([x["macro_f1"] for x in per])),
+                        "false_alarm": float(np.mean([x["false_alarm"] for x in per])),
+                    }
+            (members, cost), _ = pick(scored, MAX_FALSE_ALARM)  # the rule of `cv --inner`
+            f1, fa = scored[members, cost]["mean"], scored[members, cost]["false_alarm"]
             y = outer[recipes[0]]["label"].to_numpy()
             o = figures(mean_of([outer[m] for m in members]), y, cost)
             what = {1: "single recipes", 2: "single recipes and pairs"}.get(
