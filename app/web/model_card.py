@@ -150,9 +150,16 @@ def _test_text(tested: dict[str, Any], trained: TrainingTiles) -> str:
     cv = tested.get("cross_validation")
     if isinstance(cv, dict):
         folds = cv.get("folds") or []
+        cost = cv.get("false_alarm_cost")
+        rule = (
+            f"; graded at false-alarm cost {float(cost):g}, the model's own rule"
+            if isinstance(cost, (int, float)) and float(cost) != 1.0
+            else ""
+        )
         return (
             f"- its recipe cross-validated ({n}, {len(folds)} folds; each building graded by a "
-            f"model of the same recipe that never saw its tile, not by this model): {figures}"
+            f"model of the same recipe that never saw its tile, not by this model{rule}): "
+            f"{figures}"
             + (f", ECE {_text(cv['ece'])}" if cv.get("ece") is not None else "")
             + (
                 f", intact buildings called damaged {cv['intact_called_damaged']:.1%}"

@@ -85,8 +85,16 @@ class RunExport:
         self.options.check()
         self.info = load_run(run)
         test_metrics = self.options.test_metrics
-        self.tested = summarize_test_metrics(test_metrics) if test_metrics is not None else None
+        self.tested = None
+        if test_metrics is not None:
+            # out-of-fold figures are graded under the model's own rule (its false-alarm cost)
+            names = CLASS_NAMES[: int(self.info.model.cfg.num_classes)]
+            self.tested = summarize_test_metrics(test_metrics, names, self.grade_cost())
         self.store = resolve_chips(self.info, self.options.chips)
+
+    def grade_cost(self) -> float:
+        """The model's own false-alarm cost: ``--false-alarm-cost``, else the run config's."""
+        return resolve_cost(self.options.false_alarm_cost, self.info.cfg.grade.false_alarm_cost)
 
     def metadata(self) -> dict[str, Any]:
         """The model's metadata props, except ``parity`` (see the module docstring).
@@ -123,9 +131,7 @@ class RunExport:
             "embedding_dim": int(info.model.cfg.embed_dim),
             "precision": self.options.precision,
             "config": to_dict(info.cfg),
-            GRADE_RULE_KEY: grade_rule_block(
-                resolve_cost(self.options.false_alarm_cost, info.cfg.grade.false_alarm_cost)
-            ),
+            GRADE_RULE_KEY: grade_rule_block(self.grade_cost()),
             "validation_metrics": validation_metrics(info.summary, info.metrics),
             "training_data": training,
             "license": licence,

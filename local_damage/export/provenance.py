@@ -98,11 +98,20 @@ def validation_metrics(summary: Mapping[str, Any], metrics: Sequence[Mapping[str
     }
 
 
-def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
+def summarize_test_metrics(
+    path: str | os.PathLike, class_names: Sequence[str] | None = None, cost: float = 1.0
+) -> dict[str, Any]:
     """The headline figures of an ``evaluate`` metrics.json, for a model's metadata.
 
+    Out-of-fold figures (``cv``'s or ``fold_table.py``'s ``oof_metrics.json``, whose
+    ``cross_validation`` block names its predictions CSV) are graded by the most probable class;
+    for a model whose own grade rule has another false-alarm ``cost`` they are graded again from
+    that CSV under the model's rule (:func:`oof_at_cost`), so that the figures the model carries
+    are those of the grades it gives.
+
     Raises:
-        ExportError: the file is missing, not JSON, or lacks accuracy / macro_f1.
+        ExportError: the file is missing, not JSON, or lacks accuracy / macro_f1; out-of-fold
+            figures to grade again whose predictions CSV cannot be read.
     """
     path = Path(path)
     try:
@@ -115,6 +124,10 @@ def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
         raise ExportError(
             f"{path}: no accuracy / macro_f1; expected `local-damage evaluate` output"
         )
+    cv = data.get("cross_validation") if isinstance(data.get("cross_validation"), dict) else None
+    if cv is not None and cost != 1.0 and class_names is not None:
+        data = {**data, **oof_at_cost(data, path, class_names, cost)}
+        cv = data["cross_validation"]
     per_class = data.get("per_class") or {}
     source = data.get("source") if isinstance(data.get("source"), dict) else {}
     where = {k: source[k] for k in ("selection", "tiles") if source.get(k) is not None}
@@ -126,9 +139,55 @@ def summarize_test_metrics(path: str | os.PathLike) -> dict[str, Any]:
         "n": data.get("n"),
         **where,
         "source": str(path),
-        **(
-            {"cross_validation": data["cross_validation"]}
-            if isinstance(data.get("cross_validation"), dict)
-            else {}
-        ),
+        **({"cross_validation": cv} if cv is not None else {}),
+    }
+
+
+def oof_at_cost(
+    data: Mapping[str, Any], path: Path, class_names: Sequence[str], cost: float
+) -> dict[str, Any]:
+    """Accuracy, macro-F1 over the classes present, per-class F1 and the share of intact buildings
+    called damaged of out-of-fold predictions graded at false-alarm ``cost``
+    (:func:`runtime.grading.grades`), from the CSV that ``data["cross_validation"]["predictions"]``
+    names (relative to ``path``'s folder when not found as given); ECE is unchanged (the
+    probabilities are). The ``cross_validation`` block records the cost.
+
+    Raises:
+        ExportError: the CSV is missing or lacks a label or a class's probability column.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from runtime.grading import NO_DAMAGE, grades
+    from runtime.metrics import classification_metrics, present_class_f1
+
+    cv = dict(data["cross_validation"])
+    csv = Path(str(cv.get("predictions") or ""))
+    if not csv.is_file() and (path.parent / csv.name).is_file():
+        csv = path.parent / csv.name
+    columns = [f"p_{c}" for c in class_names]
+    try:
+        frame = pd.read_csv(csv)
+    except (OSError, ValueError) as exc:
+        raise ExportError(
+            f"{path}: its out-of-fold predictions ({csv}) cannot be read to grade them at the "
+            f"model's false-alarm cost {cost:g}: {exc}"
+        ) from exc
+    missing = [c for c in ("label", *columns) if c not in frame.columns]
+    if missing:
+        raise ExportError(f"{csv}: no {', '.join(missing)} column(s) to grade at cost {cost:g}")
+    labels = frame["label"].to_numpy(np.int64)
+    graded = grades(frame[columns].to_numpy(np.float64), class_names, cost)
+    m = classification_metrics(labels, graded, list(class_names))
+    f1 = present_class_f1(m, labels, class_names)
+    present = [v for v in f1.values() if v is not None]
+    intact = labels == list(class_names).index(NO_DAMAGE)
+    cv["false_alarm_cost"] = float(cost)
+    cv["intact_called_damaged"] = float(np.mean(graded[intact] != 0)) if intact.any() else None
+    return {
+        "accuracy": float(m["accuracy"]),
+        "macro_f1": float(np.mean(present)) if present else None,
+        "n": int(len(labels)),
+        "per_class": {name: {"f1": v} for name, v in f1.items()},
+        "cross_validation": cv,
     }

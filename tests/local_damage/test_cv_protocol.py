@@ -20,6 +20,8 @@ from local_damage.experiments.cv_report import (
     protocol_summary,
     protocol_table,
 )
+from local_damage.export.options import ExportError
+from runtime.metrics import macro_f1_present
 from runtime.metrics.calibration import expected_calibration_error
 
 # tile, event, labels, predictions (one building each)
@@ -71,7 +73,7 @@ def test_intact_tiles_are_those_with_only_no_damage(fake_cv):
     assert intact_tiles(read_manifest(chips)) == {"quiet-1", "quiet-2"}
 
 
-def test_protocol_summary_counts_false_alarms_ece_and_events(fake_cv):
+def test_protocol_summary_counts_false_alarms_ece_and_events(fake_cv, tmp_path):
     chips, runs, out = fake_cv
     names = list(CLASS_NAMES)
     summary = protocol_summary(runs, chips, names, out)
@@ -123,6 +125,31 @@ def test_protocol_summary_counts_false_alarms_ece_and_events(fake_cv):
     assert cv["folds"] == [0, 1] and cv["ece"] == pytest.approx(pooled["ece"])
     intact = oof[oof["label"] == 0]
     assert cv["intact_called_damaged"] == pytest.approx(float(np.mean(intact["pred"] != 0)))
+
+    # for a model graded under its own false-alarm cost, the same figures graded under it
+    from runtime.grading import grades
+
+    strict = summarize_test_metrics(out / OOF_METRICS, names, 100.0)
+    graded = grades(oof[[f"p_{c}" for c in names]].to_numpy(), names, 100.0)
+    labels = oof["label"].to_numpy()
+    assert (graded != oof["pred"].to_numpy()).any()  # the cost changes grades here
+    assert strict["accuracy"] == pytest.approx(float(np.mean(graded == labels)))
+    assert strict["macro_f1"] == pytest.approx(macro_f1_present(labels, graded, names))
+    assert strict["cross_validation"]["false_alarm_cost"] == 100.0
+    assert strict["cross_validation"]["intact_called_damaged"] == pytest.approx(
+        float(np.mean(graded[labels == 0] != 0))
+    )
+    assert strict["cross_validation"]["ece"] == cv["ece"] and strict["n"] == 14
+    assert summarize_test_metrics(out / OOF_METRICS, names, 1.0) == tested
+    # the predictions are found beside the metrics when the folder has moved
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    assert (
+        summarize_test_metrics(moved / OOF_METRICS, names, 100.0)["accuracy"] == strict["accuracy"]
+    )
+    (moved / OOF_CSV).unlink()
+    with pytest.raises(ExportError, match="cannot be read"):
+        summarize_test_metrics(moved / OOF_METRICS, names, 100.0)
 
 
 def test_false_alarms_without_intact_tiles_are_none():
