@@ -118,18 +118,23 @@ def test_bundled_default_model_serves_the_app_examples(tmp_path):
     tested = card["test_metrics"]
     assert set(tested["tiles"]) <= set(card["training_data"]["train_tiles"])
     folds = len(tested["cross_validation"]["folds"])
+    # its test figures are those of the grades it gives: under its own rule
+    cost = float((card.get("grade_rule") or {}).get("false_alarm_cost", 1.0))
+    assert float(tested["cross_validation"].get("false_alarm_cost", 1.0)) == cost
+    rule = "" if cost == 1.0 else f"; graded at false-alarm cost {cost:g}, the model's own rule"
     assert (
         f"- its recipe cross-validated ({tested['n']} buildings, {len(tested['tiles'])} tiles, "
         f"{folds} folds; each building graded by a model of the same recipe that never saw its "
-        "tile, not by this model)" in card_markdown(predictor)
+        f"tile, not by this model{rule})" in card_markdown(predictor)
     )
     # its temperature and ood threshold come from the folds, not from its training chips
     assert card["calibration"]["method"] == "raw"
     assert "out-of-fold" in card["calibration"]["fitted_on"]["selection"]
-    assert card["ood"]["threshold_from"]["rank_from_folds"]["folds"]
+    carried = card["ood"]["threshold_from"]["rank_from_folds"]["folds"]
+    assert carried
     assert (
-        "threshold carried over from 2 fold models, where it flagged 0.0100 of their held-out"
-        in (card_markdown(predictor))
+        f"threshold carried over from {len(carried)} fold models, where it flagged 0.0100 of "
+        "their held-out" in card_markdown(predictor)
     )
 
     examples = make_examples(tmp_path / "examples")

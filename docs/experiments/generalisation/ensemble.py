@@ -68,8 +68,12 @@ def mean_of(frames: list[pd.DataFrame]) -> np.ndarray:
 
 
 def figures(p: np.ndarray, y: np.ndarray, cost: float = 1.0) -> dict[str, float]:
+    from sklearn.metrics import f1_score
+
     g = grades(p, CLASSES, cost)
+    f1 = f1_score(y, g, labels=range(len(CLASSES)), average=None, zero_division=0)
     return {
+        "f1": [float(v) if (y == k).any() else float("nan") for k, v in enumerate(f1)],
         "accuracy": float((g == y).mean()),
         "macro_f1": macro_f1_present(y, g, CLASSES),
         "false_alarm": float((g[y == 0] > 0).mean()),
