@@ -2,7 +2,7 @@
 (generalisation.md, "The model that ships"). For a model trained on every labelled tile the folds
 of its recipes' cross-validations are its inner folds: new areas of known events (the five
 spatial block folds) and events never seen (every event both recipes were held out from:
-Florence, Michael and Santa Rosa, and Joplin once its 40-epoch fold has run), one vote each.
+Florence, Michael, Santa Rosa and Joplin), one vote each.
 
 Candidates: the general recipe (20 epochs) and the 40-epoch recipe, each graded at the
 false-alarm costs of ``cv --costs`` (a model file carries one network); the mean of their
