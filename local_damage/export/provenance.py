@@ -146,26 +146,23 @@ def summarize_test_metrics(
 def oof_at_cost(
     data: Mapping[str, Any], path: Path, class_names: Sequence[str], cost: float
 ) -> dict[str, Any]:
-    """Accuracy, macro-F1 over the classes present, per-class F1 and the share of intact buildings
-    called damaged of out-of-fold predictions graded at false-alarm ``cost``
-    (:func:`runtime.grading.grades`), from the CSV that ``data["cross_validation"]["predictions"]``
-    names (relative to ``path``'s folder when not found as given); ECE is unchanged (the
-    probabilities are). The ``cross_validation`` block records the cost.
+    """``cv``'s out-of-fold figures (:func:`local_damage.experiments.cv_report.oof_metrics`) of
+    the predictions CSV that ``data["cross_validation"]["predictions"]`` names (looked for in
+    ``path``'s folder when not found as given), each building graded at false-alarm ``cost``
+    (:func:`runtime.grading.grades`); the ``cross_validation`` block records the cost.
 
     Raises:
-        ExportError: the CSV is missing or lacks a label or a class's probability column.
+        ExportError: the CSV cannot be read or lacks a column the figures need.
     """
     import numpy as np
     import pandas as pd
 
-    from runtime.grading import NO_DAMAGE, grades
-    from runtime.metrics import classification_metrics, present_class_f1
+    from local_damage.experiments.cv_report import oof_metrics
+    from runtime.grading import grades
 
-    cv = dict(data["cross_validation"])
-    csv = Path(str(cv.get("predictions") or ""))
+    csv = Path(str(data["cross_validation"].get("predictions") or ""))
     if not csv.is_file() and (path.parent / csv.name).is_file():
         csv = path.parent / csv.name
-    columns = [f"p_{c}" for c in class_names]
     try:
         frame = pd.read_csv(csv)
     except (OSError, ValueError) as exc:
@@ -173,21 +170,12 @@ def oof_at_cost(
             f"{path}: its out-of-fold predictions ({csv}) cannot be read to grade them at the "
             f"model's false-alarm cost {cost:g}: {exc}"
         ) from exc
-    missing = [c for c in ("label", *columns) if c not in frame.columns]
+    columns = [f"p_{c}" for c in class_names]
+    needed = ("label", "tile", "event", "fold", "intact_tile", *columns)
+    missing = [c for c in needed if c not in frame.columns]
     if missing:
         raise ExportError(f"{csv}: no {', '.join(missing)} column(s) to grade at cost {cost:g}")
-    labels = frame["label"].to_numpy(np.int64)
-    graded = grades(frame[columns].to_numpy(np.float64), class_names, cost)
-    m = classification_metrics(labels, graded, list(class_names))
-    f1 = present_class_f1(m, labels, class_names)
-    present = [v for v in f1.values() if v is not None]
-    intact = labels == list(class_names).index(NO_DAMAGE)
-    cv["false_alarm_cost"] = float(cost)
-    cv["intact_called_damaged"] = float(np.mean(graded[intact] != 0)) if intact.any() else None
-    return {
-        "accuracy": float(m["accuracy"]),
-        "macro_f1": float(np.mean(present)) if present else None,
-        "n": int(len(labels)),
-        "per_class": {name: {"f1": v} for name, v in f1.items()},
-        "cross_validation": cv,
-    }
+    frame["pred"] = grades(frame[columns].to_numpy(np.float64), class_names, cost)
+    figures = oof_metrics(frame, class_names, csv)
+    figures["cross_validation"]["false_alarm_cost"] = float(cost)
+    return figures

@@ -288,6 +288,25 @@ def test_test_metrics_travel_into_the_model_card(tiny_run, tmp_path):
     assert f"held-out test ({metrics['n']} buildings, {tiles} tiles, none in the model's" in text
     assert f"macro-F1 {metrics['macro_f1']:.4f}" in text
 
+    # out-of-fold figures carried by a model with its own false-alarm cost are those of its grades
+    from data_prep.spec import CLASS_NAMES
+    from local_damage.experiments.cv_report import OOF_METRICS, protocol_summary
+
+    chips = tiny_run.parent / "chips"
+    protocol_summary({0: evaluated}, chips, list(CLASS_NAMES), tmp_path / "oof")
+    strict = tmp_path / "strict.onnx"
+    options = ExportOptions(
+        parity_limit=8, test_metrics=tmp_path / "oof" / OOF_METRICS, false_alarm_cost=100.0
+    )
+    export_run(tiny_run, strict, options)
+    tested = Predictor(strict).card()["test_metrics"]
+    assert tested["cross_validation"]["false_alarm_cost"] == 100.0
+    expected = summarize_test_metrics(tmp_path / "oof" / OOF_METRICS, list(CLASS_NAMES), 100.0)
+    assert tested["accuracy"] == pytest.approx(expected["accuracy"])
+    assert "graded at false-alarm cost 100, the model's own rule" in card_markdown(
+        Predictor(strict)
+    )
+
     with pytest.raises(ExportError, match="not found"):
         summarize_test_metrics(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"

@@ -28,7 +28,7 @@ import pandas as pd
 from data_prep.spec import CLASS_NAMES as CLASSES
 from local_damage.experiments.nested import pick
 from runtime.grading import grades
-from runtime.metrics import macro_f1_present
+from runtime.metrics import classification_metrics, present_class_f1
 from runtime.metrics.calibration import expected_calibration_error
 
 P = [f"p_{c}" for c in CLASSES]
@@ -68,14 +68,13 @@ def mean_of(frames: list[pd.DataFrame]) -> np.ndarray:
 
 
 def figures(p: np.ndarray, y: np.ndarray, cost: float = 1.0) -> dict[str, float]:
-    from sklearn.metrics import f1_score
-
     g = grades(p, CLASSES, cost)
-    f1 = f1_score(y, g, labels=range(len(CLASSES)), average=None, zero_division=0)
+    f1 = present_class_f1(classification_metrics(y, g, list(CLASSES)), y, CLASSES)
+    present = [v for v in f1.values() if v is not None]
     return {
-        "f1": [float(v) if (y == k).any() else float("nan") for k, v in enumerate(f1)],
+        "f1": [float("nan") if v is None else v for v in f1.values()],
         "accuracy": float((g == y).mean()),
-        "macro_f1": macro_f1_present(y, g, CLASSES),
+        "macro_f1": float(np.mean(present)) if present else None,
         "false_alarm": float((g[y == 0] > 0).mean()),
         "ece": expected_calibration_error(p, y),
         "confidence": float(p.max(axis=1).mean()),

@@ -158,13 +158,10 @@ def temperature(per_fold: dict[str, dict[str, pd.DataFrame]], recipe: str) -> No
     it) and what it would do to the ECE of each fold, the events held out included."""
     from runtime.calibration import fit_temperature
     from runtime.metrics.calibration import expected_calibration_error
+    from runtime.predictor import softmax
 
     def logits(frame: pd.DataFrame) -> np.ndarray:
         return np.log(np.clip(frame[P].to_numpy(np.float64), 1e-12, 1.0))
-
-    def scaled(z: np.ndarray, t: float) -> np.ndarray:
-        e = np.exp(z / t - (z / t).max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
 
     pooled = pd.concat([f[recipe] for k, f in per_fold.items() if k.startswith("block")])
     t = fit_temperature(logits(pooled), pooled["label"].to_numpy())
@@ -174,7 +171,7 @@ def temperature(per_fold: dict[str, dict[str, pd.DataFrame]], recipe: str) -> No
         **{k: f[recipe] for k, f in per_fold.items() if not k.startswith("block")},
     }.items():
         z, y = logits(frame), frame["label"].to_numpy()
-        raw, fitted = (expected_calibration_error(scaled(z, x), y) for x in (1.0, t))
+        raw, fitted = (expected_calibration_error(softmax(z / x), y) for x in (1.0, t))
         cells.append(f"{name} {raw:.3f} -> {fitted:.3f}")
     print(
         f"\n{recipe}: T = {t:.3f} fitted on the block folds pooled; ECE raw -> with it: "
